@@ -1,0 +1,63 @@
+"""Public kernel entry points. Each forwards to the selected backend's implementation.
+
+Backends implement the same functions with the same signatures:
+``kernels.ref_layers`` / ``kernels.triton_layers`` (model layers) and
+``kernels.ref_sampling`` / ``kernels.triton_sampling`` (sampling and rejection sampling).
+The torch references are the CPU path and the test oracle for the Triton twins.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from kernels.backend import get_backend
+
+_MODULES = {
+    ("torch", "layers"): "kernels.ref_layers",
+    ("triton", "layers"): "kernels.triton_layers",
+    ("torch", "sampling"): "kernels.ref_sampling",
+    ("triton", "sampling"): "kernels.triton_sampling",
+}
+
+
+def _impl(group: str) -> ModuleType:
+    return importlib.import_module(_MODULES[(get_backend(), group)])
+
+
+def rms_norm(x, weight, eps):
+    return _impl("layers").rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps):
+    return _impl("layers").add_rms_norm(x, residual, weight, eps)
+
+
+def apply_rotary(q, k, positions, cos_sin_cache):
+    return _impl("layers").apply_rotary(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    return _impl("layers").silu_and_mul(x)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    return _impl("layers").write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                    max_query_len=None, max_seq_len=None):
+    return _impl("layers").paged_attention(q, k_cache, v_cache, block_tables, query_start_loc,
+                                           seq_lens, scale, max_query_len, max_seq_len)
+
+
+def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs):
+    return _impl("sampling").sample_draft(logits, temperature, top_k, top_p, min_p, seeds,
+                                          positions, store_probs)
+
+
+def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                     temperature, top_k, top_p, min_p, seeds, positions, method):
+    return _impl("sampling").rejection_sample(target_logits, cu_num_draft_tokens,
+                                              draft_token_ids, draft_probs, temperature, top_k,
+                                              top_p, min_p, seeds, positions, method)
