@@ -1,0 +1,181 @@
+"""Plain-PyTorch model-layer kernels: the CPU path of the engine and the oracle for the Triton twins.
+
+Every function here has a twin with the same signature in :mod:`kernels.triton_layers`; callers go
+through :mod:`kernels.ops`. Rounding follows Hugging Face transformers (Llama / Qwen) so that a
+model built on these ops matches ``transformers`` token for token in fp32 and as closely as the
+dtype allows in bf16/fp16:
+
+- RMSNorm normalises in fp32, rounds to the input dtype, then multiplies by the weight.
+- the residual sum is rounded to the model dtype before it is normalised.
+- SiLU-and-mul rounds the activation before the product.
+- rotary embeddings are applied in fp32 and rounded once.
+- attention softmax and the weighted sum run in fp32, rounded once at the end.
+
+Paged KV cache layout (shared with the Triton kernels and the engine)::
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    slot = block_id * block_size + offset_in_block
+
+Ragged attention metadata: request ``r`` owns query rows ``query_start_loc[r]:query_start_loc[r+1]``
+(``q_len_r`` >= 0) and has ``seq_lens[r]`` tokens of context in the cache, this step's included.
+Query ``i`` of request ``r`` sits at position ``seq_lens[r] - q_len_r + i`` and sees positions
+``0 ..`` that position. Rows not owned by any request (batch padding) come back as zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+# Requests with at most this many query tokens (decode, k+1 verification) are attended in one
+# padded, batched call; longer ones (prefill chunks) one request at a time.
+_BATCHED_MAX_QUERY = 16
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
+    x32 = x.float()
+    inv = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # [N, 1]
+    return weight * (x32 * inv).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """new_residual = x + residual (in x.dtype); returns (rms_norm(new_residual), new_residual)."""
+    new_residual = x + residual  # [N, H]
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX/Llama rotary embedding (rotate_half: pairs (i, i + R/2)), applied in place.
+
+    q: [N, Hq, D], k: [N, Hk, D], positions: [N] int64, cos_sin_cache: [max_pos, R] fp32 with
+    R <= D (first R/2 columns cos, last R/2 sin); the first R dims of each head are rotated.
+    Returns (q, k), the same tensors.
+    """
+    rot = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [N, R/2] each
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                  # [N, 1, R/2]
+    for t in (q, k):
+        x = t[..., :rot].float()                                   # [N, H, R]
+        x1, x2 = x.chunk(2, dim=-1)                                # [N, H, R/2]
+        t[..., :rot] = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(t.dtype)
+    return q, k
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [N, 2I] -> silu(x[:, :I]) * x[:, I:], [N, I]."""
+    inter = x.shape[-1] // 2
+    return F.silu(x[..., :inter]) * x[..., inter:]
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store token i's K/V at slot_mapping[i]; negative slots (padding) are skipped.
+
+    k, v: [N, Hk, D]; k_cache, v_cache: [num_blocks, block_size, Hk, D]; slot_mapping: [N] int64.
+    """
+    slots = slot_mapping.long()
+    valid = slots >= 0                                                   # [N]
+    k_flat = k_cache.view(-1, *k_cache.shape[2:])                        # [num_slots, Hk, D]
+    v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    idx = slots[valid]
+    k_flat[idx] = k[valid].to(k_cache.dtype)
+    v_flat[idx] = v[valid].to(v_cache.dtype)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,
+                    max_seq_len: Optional[int] = None) -> torch.Tensor:
+    """Causal attention of ragged queries over a paged KV cache (GQA, fp32 softmax).
+
+    q: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hk, D];
+    block_tables: [R, max_blocks] int32; query_start_loc: [R+1] int32; seq_lens: [R] int32.
+    Returns [N, Hq, D] in q.dtype. max_query_len / max_seq_len are unused here (the reference
+    reads the metadata on the host).
+    """
+    out = torch.zeros_like(q)  # [N, Hq, D]
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    short, long = [], []
+    for r, seq_len in enumerate(lens):
+        q_len = starts[r + 1] - starts[r]
+        if q_len <= 0 or seq_len <= 0:
+            continue
+        if q_len > seq_len:
+            raise ValueError(f"request {r}: {q_len} query tokens but only {seq_len} context tokens")
+        (short if q_len <= _BATCHED_MAX_QUERY else long).append(r)
+    if short:
+        _attend_batched(q, k_cache, v_cache, block_tables, starts, lens, short, scale, out)
+    for r in long:
+        _attend_one(q, k_cache, v_cache, block_tables[r], starts[r], starts[r + 1], lens[r],
+                    scale, out)
+    return out
+
+
+def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` cached tokens of one request. blocks: [>= ceil(length/bs)] -> [length, Hk, D]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    ctx = cache[blocks[:num_blocks].long()]                  # [nb, bs, Hk, D]
+    return ctx.flatten(0, 1)[:length]
+
+
+def _attend_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                blocks: torch.Tensor, q_start: int, q_end: int, seq_len: int, scale: float,
+                out: torch.Tensor) -> None:
+    """Attention for one request (a prefill chunk); writes out[q_start:q_end]."""
+    q_len = q_end - q_start
+    qr = q[q_start:q_end].float().transpose(0, 1)                                # [Hq, q_len, D]
+    kr = _gather_context(k_cache, blocks, seq_len).float().transpose(0, 1)       # [Hk, S, D]
+    vr = _gather_context(v_cache, blocks, seq_len).float().transpose(0, 1)       # [Hk, S, D]
+    gqa = qr.shape[0] != kr.shape[0]
+    if q_len == seq_len:
+        o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True, scale=scale,
+                                           enable_gqa=gqa)
+    else:
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)          # [q_len]
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, S]
+        o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=scale,
+                                           enable_gqa=gqa)
+    out[q_start:q_end] = o.transpose(0, 1).to(out.dtype)                         # [q_len, Hq, D]
+
+
+def _attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, starts: list[int], lens: list[int],
+                    reqs: list[int], scale: float, out: torch.Tensor) -> None:
+    """Attention for many short-query requests (decode / verification) in one padded call."""
+    dev = q.device
+    block_size = k_cache.shape[1]
+    q_lens = [starts[r + 1] - starts[r] for r in reqs]
+    max_q, max_s = max(q_lens), max(lens[r] for r in reqs)
+    num_blocks = -(-max_s // block_size)
+    sel = torch.tensor(reqs, device=dev)
+    q_len_t = torch.tensor(q_lens, device=dev)                                      # [B]
+    seq_t = torch.tensor([lens[r] for r in reqs], device=dev)                       # [B]
+    start_t = torch.tensor([starts[r] for r in reqs], device=dev)                   # [B]
+
+    ar_q = torch.arange(max_q, device=dev)
+    q_valid = ar_q[None, :] < q_len_t[:, None]                                      # [B, Lq]
+    rows = torch.where(q_valid, start_t[:, None] + ar_q[None, :], 0)                # [B, Lq]
+    qb = q[rows].float().transpose(1, 2)                                            # [B, Hq, Lq, D]
+
+    tables = block_tables[sel, :num_blocks].long().clamp(min=0)                     # [B, nb]
+    kv_pos = torch.arange(num_blocks * block_size, device=dev)                      # [S']
+    kv_valid = kv_pos[None, :] < seq_t[:, None]                                     # [B, S']
+    kb = k_cache[tables].flatten(1, 2).float()                                      # [B, S', Hk, D]
+    vb = v_cache[tables].flatten(1, 2).float()
+    # slots past a request's length may hold anything (even NaN): zero them
+    kb = torch.where(kv_valid[:, :, None, None], kb, 0.0).transpose(1, 2)           # [B, Hk, S', D]
+    vb = torch.where(kv_valid[:, :, None, None], vb, 0.0).transpose(1, 2)
+
+    q_pos = seq_t[:, None] - q_len_t[:, None] + ar_q[None, :]                       # [B, Lq]
+    mask = (kv_pos[None, None, :] <= q_pos[:, :, None]) & kv_valid[:, None, :]      # [B, Lq, S']
+    o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[:, None], scale=scale,
+                                       enable_gqa=qb.shape[1] != kb.shape[1])       # [B, Hq, Lq, D]
+    o = o.transpose(1, 2)                                                           # [B, Lq, Hq, D]
+    out[rows[q_valid]] = o[q_valid].to(out.dtype)
