@@ -1,0 +1,114 @@
+"""Counter-based random numbers shared bit-for-bit by the torch and Triton samplers.
+
+Every random number the samplers use is a pure function ``U(seed, position, stream, index)``
+in the open interval (0, 1):
+
+* ``seed``: the request's int64 seed; ``position``: the index of the generated token in the
+  request's output (0 = first generated token); ``stream``: one of :data:`SAMPLE`,
+  :data:`DRAFT`, :data:`ACCEPT`, :data:`RECOVER`; ``index``: the vocabulary index (0 for the
+  accept draw).
+* Key mix (defined here, once). With ``c = (4 * position + stream) mod 2**32``::
+
+      k0 = lo32(seed) ^ (c * 0x9E3779B1 mod 2**32)
+      k1 = hi32(seed) ^ (c * 0x85EBCA77 mod 2**32)
+
+  Both multipliers are odd, so for a fixed seed the map ``c -> (k0, k1)`` is a bijection:
+  two draws of one request never share a key while ``position < 2**30``.
+* Generator: Philox4x32-10 exactly as Triton's ``tl.randint(key, index)`` runs it, with the
+  64-bit key ``(k1 << 32) | k0`` and the int32 vocabulary index as the counter
+  ``(index, 0, 0, 0)``; the first output word ``r`` is used.
+* Uniform: ``u = ((r >> 9) + 0.5) * 2**-23`` (all exact in fp32), so ``2**-24 <= u <= 1 - 2**-24``:
+  strictly inside (0, 1), which keeps ``-log(u)`` finite and positive. (``tl.rand`` itself maps
+  to [0, 1) and can return 0, so we do not use its float conversion.)
+
+This module is plain torch (uint32 arithmetic emulated in int64 without overflow) and is the
+oracle for the Triton twin in :mod:`kernels.triton_sampling`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SAMPLE = 0   # target sampling: plain decoding, the bonus token, strict verification
+DRAFT = 1    # the draft model's proposals
+ACCEPT = 2   # the accept/reject draw of probabilistic verification (index 0)
+RECOVER = 3  # the replacement token after a rejection
+
+MASK32 = 0xFFFFFFFF
+KEY_MUL_LO = 0x9E3779B1
+KEY_MUL_HI = 0x85EBCA77
+
+# Philox4x32 constants, as in triton/language/random.py
+PHILOX_KEY_A = 0x9E3779B9
+PHILOX_KEY_B = 0xBB67AE85
+PHILOX_ROUND_A = 0xD2511F53
+PHILOX_ROUND_B = 0xCD9E8D57
+PHILOX_ROUNDS = 10
+
+
+def _mul32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit halves of ``a * b`` for a constant ``a`` and ``b`` in [0, 2**32) (int64)."""
+    b_lo = b & 0xFFFF
+    b_hi = b >> 16
+    t1 = a * b_lo                      # < 2**48
+    t2 = a * b_hi                      # < 2**48
+    s = ((t2 & 0xFFFF) << 16) + t1     # < 2**49
+    lo = s & MASK32
+    hi = (t2 >> 16) + (s >> 32)
+    return hi, lo
+
+
+def mix_key(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Philox key words (k0, k1), each int64 in [0, 2**32), for each (seed, position)."""
+    seeds = seeds.to(torch.int64)
+    c = (positions.to(torch.int64) * 4 + stream) & MASK32
+    k0 = (seeds & MASK32) ^ _mul32(KEY_MUL_LO, c)[1]
+    k1 = ((seeds >> 32) & MASK32) ^ _mul32(KEY_MUL_HI, c)[1]
+    return k0, k1
+
+
+def philox_first_word(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """Philox4x32-10 on counters ``(counter, 0, 0, 0)``; returns the first output word (int64).
+
+    ``counter`` and the keys broadcast against each other; all hold values in [0, 2**32).
+    """
+    c0 = counter.to(torch.int64) & MASK32
+    c1 = torch.zeros_like(c0)
+    c2 = torch.zeros_like(c0)
+    c3 = torch.zeros_like(c0)
+    c0, k0 = torch.broadcast_tensors(c0, k0)
+    k1 = k1.expand_as(c0)
+    for _ in range(PHILOX_ROUNDS):
+        hi_b, lo_b = _mul32(PHILOX_ROUND_B, c2)
+        hi_a, lo_a = _mul32(PHILOX_ROUND_A, c0)
+        c0 = hi_b ^ c1 ^ k0
+        c2 = hi_a ^ c3 ^ k1
+        c1 = lo_b
+        c3 = lo_a
+        k0 = (k0 + PHILOX_KEY_A) & MASK32
+        k1 = (k1 + PHILOX_KEY_B) & MASK32
+    return c0
+
+
+def bits_to_uniform(r: torch.Tensor) -> torch.Tensor:
+    """uint32 values (held in int64) -> fp32 in [2**-24, 1 - 2**-24], exactly."""
+    return ((r >> 9).to(torch.float32) + 0.5) * (2.0 ** -23)
+
+
+def uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
+            index: torch.Tensor) -> torch.Tensor:
+    """``U(seed, position, stream, index)`` for every row and index.
+
+    seeds, positions: [N] int64; index: [M] (or [N, M]) integer. Returns [N, M] fp32.
+    """
+    k0, k1 = mix_key(seeds, positions, stream)                   # [N]
+    idx = index.to(torch.int64)
+    if idx.dim() == 1:
+        idx = idx.unsqueeze(0)                                     # [1, M]
+    r = philox_first_word(idx, k0.unsqueeze(1), k1.unsqueeze(1))  # [N, M]
+    return bits_to_uniform(r)
+
+
+def neg_log_exponential(u: torch.Tensor) -> torch.Tensor:
+    """``log(E)`` with ``E = -log(u)``: the race subtracts it from log-weights."""
+    return torch.log(-torch.log(u))

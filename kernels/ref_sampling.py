@@ -1,0 +1,274 @@
+"""Plain-PyTorch sampling and rejection sampling: the CPU path and the oracle for the Triton twin.
+
+Semantics (shared with :mod:`kernels.triton_sampling`):
+
+* Distribution of a row with logits ``z`` and the request's ``temperature T, top_k, top_p, min_p``:
+  ``T == 0`` is greedy (argmax of ``z``, ties -> lowest index). Otherwise ``x = z / T``,
+  ``e = exp(x - max(x))`` (so ``p = e / sum(e)`` is the softmax and ``max(e) == 1``), then
+
+  - top-k: keep ``e >= t_k``, ``t_k`` the k-th largest ``e`` (ties kept; off for ``k <= 0``
+    or ``k >= V``);
+  - top-p: among those, keep ``e >= t_p`` with ``t_p`` the largest value whose kept mass is at
+    least ``top_p`` times the top-k survivors' mass (ties kept; off for ``top_p >= 1``);
+  - min-p: keep ``e >= min_p`` (that is ``p >= min_p * max(p)`` after renormalising, because
+    ``max(e) == 1``; off for ``min_p <= 0``);
+  - renormalise: ``probs = e * keep / sum(e * keep)``.
+
+* Sampling is the exponential race in log space: ``argmax_i (log r_i - log E_i)``,
+  ``E_i = -log U(seed, position, stream, i)`` (see :mod:`kernels.philox`). For a filtered
+  softmax the log-weights are ``x_i`` on kept tokens (``-inf`` elsewhere), which races exactly
+  like ``probs`` itself but needs no normaliser.
+
+No function here synchronises with the device, except that the width of the output of
+:func:`rejection_sample` needs the largest per-request draft count: it is read from
+``cu_num_draft_tokens`` when that tensor lives on the CPU (free), or taken from the optional
+``max_num_draft_tokens`` argument; only if neither is available is it read back from the device.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from kernels.philox import ACCEPT, DRAFT, RECOVER, SAMPLE, neg_log_exponential, uniform
+
+_RACE_CHUNK_ELEMS = 1 << 23  # rows are raced in blocks of at most this many random numbers
+
+
+class RowDist(NamedTuple):
+    """The filtered distribution of each row (T == 0 rows get a harmless T = 1 stand-in)."""
+
+    x: torch.Tensor       # [N, V] fp32, z / T
+    keep: torch.Tensor    # [N, V] bool, survivors of top-k / top-p / min-p
+    probs: torch.Tensor   # [N, V] fp32, renormalised over keep
+    greedy: torch.Tensor  # [N] bool, T == 0
+
+
+def _thresholds(e: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                active: torch.Tensor) -> torch.Tensor:
+    """Per-row threshold on ``e`` ([N, V], max 1 per row): keep ``e >= thr``. Returns [N, 1]."""
+    n, v = e.shape
+    k_on = (top_k > 0) & (top_k < v) & active
+    p_on = (top_p < 1.0) & active
+    m_on = (min_p > 0.0) & active
+    t = torch.zeros(n, device=e.device, dtype=torch.float32)
+    if e.device.type != "cpu" or bool((k_on | p_on).any()):
+        srt = torch.sort(e, dim=1, descending=True).values                   # [N, V]
+        kth = srt.gather(1, (top_k.to(torch.int64).clamp(1, v) - 1).unsqueeze(1)).squeeze(1)
+        t_k = torch.where(k_on, kth, t)
+        srt_k = torch.where(srt >= t_k.unsqueeze(1), srt, 0.0)              # sorted survivors
+        mass_k = torch.where(e >= t_k.unsqueeze(1), e, 0.0).sum(dim=1)     # [N]
+        cum = torch.cumsum(srt_k, dim=1)                                     # [N, V]
+        target = top_p.to(torch.float32) * mass_k
+        first = (cum < target.unsqueeze(1)).sum(dim=1)                       # first cum >= target
+        last_pos = (srt_k > 0).sum(dim=1) - 1
+        first = torch.minimum(first, last_pos).clamp(min=0)
+        t_p = srt_k.gather(1, first.unsqueeze(1)).squeeze(1)
+        t = torch.where(p_on, torch.maximum(t_p, t_k), t_k)
+    t = torch.where(m_on, torch.maximum(t, min_p.to(torch.float32)), t)
+    return t.unsqueeze(1)
+
+
+def row_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                     top_p: torch.Tensor, min_p: torch.Tensor) -> RowDist:
+    """Scaled logits, survivors and renormalised probabilities of each row of ``logits`` [N, V]."""
+    z = logits.to(torch.float32)                                           # [N, V]
+    temperature = temperature.to(device=z.device, dtype=torch.float32)
+    greedy = temperature == 0
+    t_safe = torch.where(greedy, torch.ones_like(temperature), temperature)
+    x = z / t_safe.unsqueeze(1)                                            # [N, V]
+    e = torch.exp(x - x.max(dim=1, keepdim=True).values)                   # [N, V]
+    thr = _thresholds(e, top_k.to(z.device), top_p.to(z.device), min_p.to(z.device), ~greedy)
+    keep = e >= thr                                                        # [N, V]
+    ek = torch.where(keep, e, 0.0)
+    probs = ek / ek.sum(dim=1, keepdim=True)
+    return RowDist(x, keep, probs, greedy)
+
+
+def probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+          top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """``probs(z, params)`` of every row: [N, V] fp32; a one-hot argmax row where T == 0."""
+    d = row_distribution(logits, temperature, top_k, top_p, min_p)
+    onehot = _one_hot(greedy_argmax(logits), logits.shape[1])
+    return torch.where(d.greedy.unsqueeze(1), onehot, d.probs)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax of each row in fp32, ties -> lowest index. [N, V] -> [N] int64."""
+    return torch.argmax(logits.to(torch.float32), dim=1)
+
+
+def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
+    out = torch.zeros(idx.shape[0], v, device=idx.device, dtype=torch.float32)
+    return out.scatter_(1, idx.unsqueeze(1), 1.0)
+
+
+def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+         stream: int) -> torch.Tensor:
+    """Exponential race: ``argmax_i (log_weights_i - log(-log U(seed, pos, stream, i)))``.
+
+    log_weights: [N, V] fp32 (``-inf`` = excluded); seeds, positions: [N]. Returns [N] int64.
+    """
+    n, v = log_weights.shape
+    idx = torch.arange(v, device=log_weights.device)
+    rows = max(1, _RACE_CHUNK_ELEMS // max(v, 1))
+    out = []
+    for s in range(0, n, rows):
+        u = uniform(seeds[s:s + rows], positions[s:s + rows], stream, idx)   # [rows, V]
+        out.append(torch.argmax(log_weights[s:s + rows] - neg_log_exponential(u), dim=1))
+    if not out:
+        return torch.zeros(0, dtype=torch.int64, device=log_weights.device)
+    return torch.cat(out)
+
+
+def _masked_x(d: RowDist) -> torch.Tensor:
+    return torch.where(d.keep, d.x, float("-inf"))
+
+
+def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
+                 positions: torch.Tensor, store_probs: bool
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Sample one draft token per row from ``q = probs(z)`` with stream DRAFT.
+
+    logits: [B, V]; temperature/top_p/min_p: [B] f32; top_k: [B] i32; seeds/positions: [B] i64.
+    Returns token ids [B] int64 and, if ``store_probs``, q [B, V] fp32 exactly as used.
+    """
+    dev = logits.device
+    seeds, positions = seeds.to(dev), positions.to(dev)
+    d = row_distribution(logits, temperature, top_k, top_p, min_p)
+    g = greedy_argmax(logits)                                                # [B]
+    tok = torch.where(d.greedy, g, race(_masked_x(d), seeds, positions, DRAFT))
+    if not store_probs:
+        return tok, None
+    q = torch.where(d.greedy.unsqueeze(1), _one_hot(g, logits.shape[1]), d.probs)
+    return tok, q
+
+
+def _max_drafts(cu: torch.Tensor, max_num_draft_tokens: Optional[int]) -> int:
+    if max_num_draft_tokens is not None:
+        return int(max_num_draft_tokens)
+    if cu.numel() <= 1:
+        return 0
+    return int((cu[1:] - cu[:-1]).max())  # free on the CPU; a device read-back otherwise
+
+
+class _Layout(NamedTuple):
+    """Where each request's rows and drafts live in the flattened verification batch."""
+
+    k: torch.Tensor          # [B] drafts per request
+    row_start: torch.Tensor  # [B] first logits row of each request
+    req: torch.Tensor        # [T] request of each row
+    j: torch.Tensor          # [T] row index within its request (k_b = bonus row)
+    draft_idx: torch.Tensor  # [T] index into draft_token_ids (== sum k for padding)
+
+
+def _layout(cu: torch.Tensor, num_rows: int) -> _Layout:
+    b = cu.numel() - 1
+    dev = cu.device
+    k = cu[1:] - cu[:-1]
+    row_start = cu[:-1] + torch.arange(b, device=dev)
+    rows = torch.arange(num_rows, device=dev)
+    req = torch.searchsorted(row_start, rows, right=True) - 1
+    j = rows - row_start[req]
+    return _Layout(k, row_start, req, j, rows - req)
+
+
+def _accept_rows(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout,
+                 x: torch.Tensor, q: Optional[torch.Tensor], seeds_r: torch.Tensor,
+                 pos_r: torch.Tensor, sample_tok: Optional[torch.Tensor]) -> torch.Tensor:
+    """Whether each row's draft token passes its own test ([T] bool; bonus rows False)."""
+    valid = lay.j < lay.k[lay.req]
+    greedy_ok = x == greedy_argmax(logits)
+    if method == "strict":
+        ok = sample_tok == x
+    else:
+        u = uniform(seeds_r, pos_r, ACCEPT, torch.zeros(1, dtype=torch.int64,
+                                                         device=logits.device)).squeeze(1)
+        px = d.probs.gather(1, x.unsqueeze(1)).squeeze(1)
+        if q is None:
+            ok = u < px
+        else:
+            qx = q.gather(1, x.unsqueeze(1)).squeeze(1)                 # [T]
+            bad = valid & ~d.greedy & (qx <= 0)
+            if qx.device.type == "cpu":
+                if bool(bad.any()):
+                    raise ValueError("a draft token has draft probability 0 (draft_probs does "
+                                     "not match draft_token_ids)")
+            else:
+                torch._assert_async(~bad.any(), "draft token with draft probability 0")
+            ok = u * qx < px
+    return torch.where(d.greedy, greedy_ok, ok) & valid
+
+
+def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                     draft_token_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
+                     temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                     method: str, max_num_draft_tokens: Optional[int] = None) -> torch.Tensor:
+    """Verify drafts against the target; see the module docstring of kernels.triton_sampling.
+
+    target_logits: [sum k + B, V]; cu_num_draft_tokens: [B + 1] i32; draft_token_ids: [sum k];
+    draft_probs: [sum k, V] f32 or None; per-request params [B]. Returns [B, max_k + 1] int64:
+    accepted drafts, one recovered or bonus token, then -1.
+    """
+    if method not in ("probabilistic", "strict"):
+        raise ValueError(f"unknown rejection method {method!r}")
+    dev = target_logits.device
+    width = _max_drafts(cu_num_draft_tokens, max_num_draft_tokens) + 1
+    cu = cu_num_draft_tokens.to(device=dev, dtype=torch.int64)
+    lay = _layout(cu, target_logits.shape[0])
+    b = lay.k.numel()
+    seeds, positions = seeds.to(dev), positions.to(dev)
+    pad_tok = torch.zeros(1, dtype=torch.int64, device=dev)
+    drafts = torch.cat([draft_token_ids.to(device=dev, dtype=torch.int64), pad_tok])  # [sum k + 1]
+    x = drafts[lay.draft_idx]                                                   # [T]
+    seeds_r, pos_r = seeds[lay.req], positions[lay.req] + lay.j
+    d = row_distribution(target_logits, temperature.to(dev)[lay.req], top_k.to(dev)[lay.req],
+                         top_p.to(dev)[lay.req], min_p.to(dev)[lay.req])
+    q = None
+    if draft_probs is not None and method == "probabilistic":
+        q = torch.cat([draft_probs.to(torch.float32),
+                       torch.zeros(1, target_logits.shape[1], device=dev)])     # [sum k + 1, V]
+    sample_tok = race(_masked_x(d), seeds_r, pos_r, SAMPLE) if method == "strict" else None
+    ok = _accept_rows(method, d, target_logits, lay, x, None if q is None else q[lay.draft_idx],
+                      seeds_r, pos_r, sample_tok)
+
+    acc = torch.zeros(b, width + 1, dtype=torch.int64, device=dev)            # [B, max_k + 2]
+    acc[lay.req, lay.j] = ok.to(torch.int64)
+    n_acc = torch.cumprod(acc, dim=1).sum(dim=1)                                # [B]
+    sel = lay.row_start + n_acc                                                 # final row
+    tok = _final_tokens(method, d, target_logits, lay, sel, n_acc, x, q, seeds, positions,
+                        sample_tok)
+    cols = torch.arange(width, device=dev).unsqueeze(0)                          # [1, W]
+    didx = (cu[:-1].unsqueeze(1) + cols).clamp(max=drafts.numel() - 1)
+    out = torch.where(cols < n_acc.unsqueeze(1), drafts[didx],
+                      torch.where(cols == n_acc.unsqueeze(1), tok.unsqueeze(1), -1))
+    return out
+
+
+def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
+                  n_acc: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
+                  seeds: torch.Tensor, positions: torch.Tensor,
+                  sample_tok: Optional[torch.Tensor]) -> torch.Tensor:
+    """The one recovered or bonus token of each request ([B] int64)."""
+    greedy_tok = greedy_argmax(logits[sel])
+    pos = positions + n_acc
+    if method == "strict":
+        tok = sample_tok[sel]
+    else:
+        p = d.probs[sel]                                                         # [B, V]
+        bonus = race(_masked_x(d)[sel], seeds, pos, SAMPLE)
+        if q is None:
+            res = p.scatter(1, x[sel].unsqueeze(1), 0.0)                         # p without x_j
+        else:
+            res = torch.clamp(p - q[lay.draft_idx[sel]], min=0.0)                # [B, V]
+        empty = (res > 0).sum(dim=1, keepdim=True) == 0
+        recovered = race(torch.log(torch.where(empty, p, res)), seeds, pos, RECOVER)
+        tok = torch.where(n_acc == lay.k, bonus, recovered)
+    return torch.where(d.greedy[sel], greedy_tok, tok)
+
+
+__all__ = ["probs", "row_distribution", "race", "greedy_argmax", "sample_draft",
+           "rejection_sample", "SAMPLE", "DRAFT", "ACCEPT", "RECOVER"]
