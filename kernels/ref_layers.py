@@ -29,6 +29,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+_NEG_INF = float("-inf")
+
 # Requests with at most this many query tokens (decode, k+1 verification) are attended in one
 # padded, batched call; longer ones (prefill chunks) one request at a time.
 _BATCHED_MAX_QUERY = 16
@@ -162,20 +164,28 @@ def _attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ar_q = torch.arange(max_q, device=dev)
     q_valid = ar_q[None, :] < q_len_t[:, None]                                      # [B, Lq]
     rows = torch.where(q_valid, start_t[:, None] + ar_q[None, :], 0)                # [B, Lq]
-    qb = q[rows].float().transpose(1, 2)                                            # [B, Hq, Lq, D]
 
-    tables = block_tables[sel, :num_blocks].long().clamp(min=0)                     # [B, nb]
+    tables = block_tables[sel, :num_blocks].long()                                  # [B, nb]
     kv_pos = torch.arange(num_blocks * block_size, device=dev)                      # [S']
     kv_valid = kv_pos[None, :] < seq_t[:, None]                                     # [B, S']
-    kb = k_cache[tables].flatten(1, 2).float()                                      # [B, S', Hk, D]
-    vb = v_cache[tables].flatten(1, 2).float()
-    # slots past a request's length may hold anything (even NaN): zero them
-    kb = torch.where(kv_valid[:, :, None, None], kb, 0.0).transpose(1, 2)           # [B, Hk, S', D]
-    vb = torch.where(kv_valid[:, :, None, None], vb, 0.0).transpose(1, 2)
+    slots = tables.repeat_interleave(block_size, dim=1) * block_size + kv_pos % block_size
+    # slots past a request's length may hold anything (even NaN) or not exist: read the request's
+    # first slot there instead (finite, and masked out below)
+    slots = torch.where(kv_valid, slots, slots[:, :1])                              # [B, S']
+    kb = k_cache.view(-1, *k_cache.shape[2:])[slots].float()                        # [B, S', Hk, D]
+    vb = v_cache.view(-1, *v_cache.shape[2:])[slots].float()
 
     q_pos = seq_t[:, None] - q_len_t[:, None] + ar_q[None, :]                       # [B, Lq]
-    mask = (kv_pos[None, None, :] <= q_pos[:, :, None]) & kv_valid[:, None, :]      # [B, Lq, S']
-    o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[:, None], scale=scale,
-                                       enable_gqa=qb.shape[1] != kb.shape[1])       # [B, Hq, Lq, D]
-    o = o.transpose(1, 2)                                                           # [B, Lq, Hq, D]
+    hidden = kv_pos[None, None, :] > q_pos[:, :, None]                              # [B, Lq, S']
+    num_kv_heads = kb.shape[2]
+    group = q.shape[1] // num_kv_heads
+    qb = q[rows].float().view(len(reqs), max_q, num_kv_heads, group, -1)            # [B, Lq, Hk, g, D]
+    outs = []
+    for h in range(num_kv_heads):  # per KV head: bmm reads the strided K/V without a copy
+        qh = qb[:, :, h].flatten(1, 2)                                              # [B, Lq*g, D]
+        scores = torch.bmm(qh, kb[:, :, h].transpose(1, 2)) * scale                 # [B, Lq*g, S']
+        scores = scores.view(len(reqs), max_q, group, -1).masked_fill_(hidden[:, :, None], _NEG_INF)
+        probs = scores.softmax(dim=-1).flatten(1, 2)                                # [B, Lq*g, S']
+        outs.append(torch.bmm(probs, vb[:, :, h]).view(len(reqs), max_q, group, -1))
+    o = torch.stack(outs, dim=2).flatten(2, 3)                                      # [B, Lq, Hq, D]
     out[rows[q_valid]] = o[q_valid].to(out.dtype)
