@@ -1,0 +1,54 @@
+"""The contract between the scheduler and the model runner.
+
+``SchedulerOutput`` says which requests compute how many tokens this step; ``ModelRunnerOutput``
+says what came back (sampled tokens, new drafts, logprobs, how far the draft model got).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from engine.request import Request
+from engine.types import Logprob
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int          # tokens computed by the target this step, from num_computed_tokens
+    num_computed_before: int
+    samples: bool                # the chunk reaches the end: sample / verify this step
+    num_drafts: int              # drafts verified this step (0 unless samples)
+    num_spec_next: int           # drafts the draft model may propose after this step
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class RequestResult:
+    """What the runner produced for one request this step."""
+
+    sampled: list[int] = field(default_factory=list)      # accepted drafts + 1 recovered/bonus token
+    logprobs: Optional[list[Logprob]] = None              # one per sampled token
+    new_drafts: list[int] = field(default_factory=list)
+    new_draft_probs: Any = None                          # tensor [len(new_drafts), V] or None
+    num_draft_computed: Optional[int] = None              # draft KV now valid for token_ids[:n]
+    num_draft_kv_ahead: int = 0                           # draft KV written beyond the committed tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    results: dict[str, RequestResult] = field(default_factory=dict)

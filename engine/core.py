@@ -1,0 +1,256 @@
+"""EngineCore: admission, one synchronous step, and turning results into RequestOutputs.
+
+Used from one thread only (the async engine's step thread, or the caller of ``LLM.generate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional
+
+from engine.batch import RequestResult, ScheduledRequest
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import CapacityError
+from engine.kv_cache import KVCacheManager
+from engine.request import Request
+from engine.scheduler import Scheduler, SchedulerLimits
+from engine.setup import EngineInfo, LoadedModels, load_models
+from engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
+                          SamplingParams, SpecDecodeStats, StepStats)
+
+log = logging.getLogger("specserve.engine")
+
+
+@dataclass
+class _Parent:
+    """A caller's request: its ``n`` sequences share the prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    prompt_text: Optional[str]
+    children: list[Request]
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, models: Optional[LoadedModels] = None):
+        self.config = config
+        self.models = models or load_models(config)
+        self.info: EngineInfo = self.models.info
+        self.tokenizer = self.models.tokenizer
+        info = self.info
+        self.kv = KVCacheManager(info.num_kv_blocks, info.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   info.max_model_len, info.num_speculative_tokens), self.kv)
+        self.runner = self.models.runner
+        self._parents: dict[str, _Parent] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._logprobs: dict[str, list[Logprob]] = {}
+        self._seed_rng = random.Random(config.seed)
+
+    # ---- admission ---------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Raise ParamError if the request can never run; return its resolved max_tokens."""
+        info = self.info
+        if not prompt_token_ids:
+            raise ParamError("prompt", "the prompt is empty")
+        bad = [t for t in prompt_token_ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise ParamError("prompt", f"token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})")
+        n = len(prompt_token_ids)
+        if n >= info.max_model_len:
+            raise ParamError("prompt", f"this model's maximum context length is {info.max_model_len} tokens; "
+                             f"the prompt has {n} tokens, leaving no room to generate")
+        max_tokens = params.max_tokens if params.max_tokens is not None else info.max_model_len - n
+        if n + max_tokens > info.max_model_len:
+            raise ParamError("max_tokens", f"this model's maximum context length is {info.max_model_len} "
+                             f"tokens; you requested {n + max_tokens} ({n} in the prompt + "
+                             f"{max_tokens} max_tokens)")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if not 0 <= int(t) < info.vocab_size]
+            if bad:
+                raise ParamError("logit_bias", f"logit_bias token id {bad[0]} is outside the vocabulary")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise ParamError("stop_token_ids", f"stop token id {bad[0]} is outside the vocabulary")
+        why = self.scheduler.capacity_error(n + max_tokens + info.num_speculative_tokens)
+        if why:
+            raise CapacityError("prompt", why)
+        return max_tokens
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt_text: Optional[str] = None, arrival: Optional[float] = None) -> None:
+        if request_id in self._parents:
+            raise ParamError("request_id", f"request id {request_id!r} is already in use")
+        max_tokens = self.validate(prompt_token_ids, params)
+        arrival = time.monotonic() if arrival is None else arrival
+        children = []
+        for i in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            seed = (params.seed + i) % 2**63 if params.seed is not None else self._seed_rng.getrandbits(63)
+            req = Request(rid, prompt_token_ids, params, seed, self.info.eos_token_ids, max_tokens,
+                          arrival, parent_id=request_id, index=i)
+            self._detok[rid] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+                                                      params.include_stop_str_in_output,
+                                                      params.skip_special_tokens)
+            if params.logprobs is not None:
+                self._logprobs[rid] = []
+            children.append(req)
+        self._parents[request_id] = _Parent(request_id, list(prompt_token_ids), prompt_text, children)
+        for req in children:
+            self.scheduler.add(req)
+
+    def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Abort whole caller requests; returns their final outputs."""
+        outs = []
+        for rid in request_ids:
+            parent = self._parents.get(rid)
+            if parent is None:
+                continue
+            for child in parent.children:
+                self.scheduler.finish(child, FinishReason.ABORT)
+            outs.append(self._output(parent))
+            self._retire(parent)
+        return outs
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Finish every request with an error (the step loop hit an exception)."""
+        outs = []
+        for parent in list(self._parents.values()):
+            for child in parent.children:
+                if not child.is_finished:
+                    child.error = message
+                    self.scheduler.finish(child, FinishReason.ERROR)
+            outs.append(self._output(parent))
+            self._retire(parent)
+        return outs
+
+    def has_unfinished(self) -> bool:
+        return bool(self._parents)
+
+    # ---- one step ----------------------------------------------------------------------
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        t0 = time.monotonic()
+        so = self.scheduler.schedule()
+        stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
+        touched: dict[str, _Parent] = {}
+        if not so.is_empty:
+            for s in so.scheduled:
+                if s.request.times.first_scheduled is None:
+                    s.request.times.first_scheduled = t0
+            out = self.runner.execute(so)
+            now = time.monotonic()
+            for s in so.scheduled:
+                self._apply(s, out.results.get(s.request.request_id), stats, now)
+                touched[s.request.parent_id] = self._parents[s.request.parent_id]
+        outputs = []
+        for parent in touched.values():
+            outputs.append(self._output(parent))
+            if all(c.is_finished for c in parent.children):
+                self._retire(parent)
+        self._fill_stats(stats, so.num_scheduled_tokens, time.monotonic() - t0)
+        return outputs, stats
+
+    def _apply(self, s: ScheduledRequest, res: Optional[RequestResult], stats: StepStats,
+               now: float) -> None:
+        req = s.request
+        end = s.num_computed_before + s.num_new_tokens
+        stats.num_prompt_tokens += max(0, min(end, req.prompt_len) - min(s.num_computed_before, req.prompt_len))
+        req.num_computed_tokens = end
+        if res is not None and res.num_draft_computed is not None:
+            req.num_draft_computed = res.num_draft_computed
+            req.num_draft_kv_ahead = res.num_draft_kv_ahead
+        if s.samples:
+            assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
+            accepted = len(res.sampled) - 1
+            req.num_computed_tokens -= s.num_drafts - accepted   # roll back rejected drafts' KV
+            req.spec_stats.record(s.num_drafts, accepted)
+            stats.spec_decode.record(s.num_drafts, accepted)
+            req.clear_drafts()
+            self._append_tokens(req, res, stats, now)
+            if not req.is_finished and res.new_drafts:
+                req.draft_token_ids = res.new_drafts
+                req.draft_probs = res.new_draft_probs
+        if not req.is_finished:
+            valid = req.num_computed_tokens
+            if self.runner.draft is not None:
+                valid = min(valid, req.num_draft_computed)
+            self.kv.commit(req, valid)
+
+    def _append_tokens(self, req: Request, res: RequestResult, stats: StepStats, now: float) -> None:
+        detok = self._detok[req.request_id]
+        p = req.params
+        for i, tok in enumerate(res.sampled):
+            req.token_ids.append(tok)
+            stats.num_generation_tokens += 1
+            if res.logprobs is not None:
+                self._logprobs[req.request_id].append(res.logprobs[i])
+            n_out = req.num_output_tokens
+            stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
+            if req.times.first_token is None:
+                req.times.first_token = now
+            req.times.last_token = now
+            if not p.ignore_eos and tok in req.eos_token_ids:
+                self.scheduler.finish(req, FinishReason.STOP)
+            elif tok in p.stop_token_ids:
+                self.scheduler.finish(req, FinishReason.STOP, tok)
+            elif stop_str is not None:
+                self.scheduler.finish(req, FinishReason.STOP, stop_str)
+            elif n_out >= req.max_tokens or req.num_tokens >= self.info.max_model_len:
+                self.scheduler.finish(req, FinishReason.LENGTH)
+            if req.is_finished:
+                req.times.finished = now
+                return
+
+    # ---- outputs -----------------------------------------------------------------------
+    def _output(self, parent: _Parent) -> RequestOutput:
+        outs = []
+        for req in parent.children:
+            detok = self._detok[req.request_id]
+            lps = self._logprobs.get(req.request_id)
+            n_out = req.num_output_tokens
+            outs.append(CompletionOutput(
+                index=req.index, text=detok.visible_text(req.is_finished),
+                token_ids=req.output_token_ids, logprobs=list(lps[:n_out]) if lps is not None else None,
+                finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+                spec_decode=_copy_spec(req.spec_stats), times=replace(req.times), error=req.error))
+        return RequestOutput(parent.request_id, parent.prompt_token_ids, outs, parent.prompt_text,
+                             parent.children[0].num_cached_tokens)
+
+    def _retire(self, parent: _Parent) -> None:
+        self._parents.pop(parent.request_id, None)
+        for req in parent.children:
+            self._detok.pop(req.request_id, None)
+            self._logprobs.pop(req.request_id, None)
+
+    def _fill_stats(self, stats: StepStats, num_scheduled: int, seconds: float) -> None:
+        stats.num_running = len(self.scheduler.running)
+        stats.num_waiting = len(self.scheduler.waiting)
+        stats.kv_cache_usage = self.kv.pool.usage
+        stats.num_free_blocks = self.kv.pool.num_free
+        stats.num_scheduled_tokens = num_scheduled
+        stats.draft_prob_bytes = self.draft_prob_bytes()
+        stats.step_seconds = seconds
+
+    def draft_prob_bytes(self) -> int:
+        total = 0
+        for req in self.scheduler.requests.values():
+            if req.draft_probs is not None:
+                total += req.draft_probs.numel() * req.draft_probs.element_size()
+        return total
+
+    def debug_state(self) -> dict:
+        return {
+            "num_free_blocks": self.kv.pool.num_free,
+            "num_total_blocks": self.kv.num_blocks,
+            "num_unfinished_requests": len(self._parents),
+            "num_scheduler_requests": len(self.scheduler.requests),
+            "draft_prob_bytes": self.draft_prob_bytes(),
+        }
+
+
+def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:
+    return SpecDecodeStats(s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos))

@@ -1,0 +1,65 @@
+"""The offline API: ``LLM(model=..., draft_model=...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional, Sequence, Union
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.core import EngineCore
+from engine.types import RequestOutput, SamplingParams
+
+Prompt = Union[str, list[int]]
+
+
+def make_config(model: str, draft_model: Optional[str] = None,
+                num_speculative_tokens: Optional[int] = None,
+                speculative_config: Optional[Union[str, dict]] = None,
+                rejection_sample_method: str = "probabilistic",
+                draft_sample_method: str = "sample", **engine_kwargs) -> EngineConfig:
+    """Build an EngineConfig from the same options the CLI takes (vLLM's spellings accepted)."""
+    if speculative_config is not None:
+        import json
+
+        text = speculative_config if isinstance(speculative_config, str) else json.dumps(speculative_config)
+        spec = SpeculativeConfig.from_json(text)
+    elif draft_model is not None:
+        k = 4 if num_speculative_tokens is None else num_speculative_tokens
+        spec = SpeculativeConfig(draft_model, k, rejection_sample_method, draft_sample_method)
+    else:
+        spec = SpeculativeConfig()
+    return EngineConfig(model=model, speculative=spec, **engine_kwargs)
+
+
+class LLM:
+    """Synchronous generation over a whole batch of prompts, with continuous batching inside."""
+
+    def __init__(self, model: str = "demo", draft_model: Optional[str] = None,
+                 num_speculative_tokens: Optional[int] = None, **kwargs):
+        self.config = make_config(model, draft_model, num_speculative_tokens, **kwargs)
+        self.core = EngineCore(self.config)
+        self.tokenizer = self.core.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = params or SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError("give one SamplingParams or one per prompt")
+        order = []
+        for prompt, p in zip(prompts, plist):
+            rid = f"llm-{next(self._ids)}"
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.core.add_request(rid, ids, p, prompt if isinstance(prompt, str) else None)
+            order.append(rid)
+        done: dict[str, RequestOutput] = {}
+        while self.core.has_unfinished():
+            outputs, _ = self.core.step()
+            for out in outputs:
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[rid] for rid in order]

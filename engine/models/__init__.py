@@ -1,0 +1,1 @@
+"""Decoder-only model implementations over the paged KV cache, and their weight loader."""

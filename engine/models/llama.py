@@ -1,0 +1,131 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as one implementation over the paged KV cache.
+
+Differences are flags on :class:`ModelSpec`: q/k/v bias (Qwen2), per-head q/k RMSNorm (Qwen3),
+tied embeddings, GQA, RoPE scaling. Every hot op goes through :mod:`kernels.ops`.
+Attention metadata is passed explicitly (no global context: the draft and target share a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from engine.models.spec import ModelSpec
+from kernels import ops
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor      # [num_tokens] int64, -1 for padding
+    block_tables: torch.Tensor      # [num_reqs, max_blocks] int32
+    query_start_loc: torch.Tensor   # [num_reqs + 1] int32
+    seq_lens: torch.Tensor          # [num_reqs] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+KVCache = tuple[torch.Tensor, torch.Tensor]   # each [num_blocks, block_size, kv_heads, head_dim]
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.eps = spec.rms_norm_eps
+        if spec.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(spec.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(spec.head_dim))
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = spec.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)                                            # [N, q + 2kv]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view_as(q)
+            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view_as(k)
+        else:
+            q, k = q.contiguous(), k.contiguous()
+        q, k = ops.apply_rotary(q, k, positions, cos_sin)
+        ops.write_kv(k, v.contiguous(), kv[0], kv[1], meta.slot_mapping)
+        out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
+                                  meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = nn.Parameter(torch.ones(spec.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(spec.hidden_size))
+        self.eps = spec.rms_norm_eps
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], positions: torch.Tensor,
+                cos_sin: torch.Tensor, meta: AttentionMetadata, kv: KVCache):
+        if residual is None:
+            residual = x
+            h = ops.rms_norm(x, self.input_layernorm, self.eps)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm, self.eps)
+        h = self.self_attn(h, positions, cos_sin, meta, kv)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm, self.eps)
+        return self.mlp(h), residual
+
+
+class LlamaFamilyModel(nn.Module):
+    """Embeddings -> decoder layers -> final norm; ``compute_logits`` applies the LM head."""
+
+    def __init__(self, spec: ModelSpec, cos_sin_cache: torch.Tensor):
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.Parameter(torch.ones(spec.hidden_size))
+        if spec.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+        self.register_buffer("cos_sin_cache", cos_sin_cache, persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[KVCache]) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, self.cos_sin_cache, meta, kv)
+        x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [M, hidden] -> logits [M, vocab] in the model dtype."""
+        return torch.nn.functional.linear(hidden, self.lm_head_weight)

@@ -1,0 +1,1 @@
+"""Turns a SchedulerOutput into tensors, runs the target and draft models, samples and verifies."""

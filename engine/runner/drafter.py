@@ -1,0 +1,100 @@
+"""The draft model's side of a step: catch up on committed tokens, then propose k tokens.
+
+After the target verified last step's drafts, each request's draft KV is valid for
+``num_draft_computed + min(accepted, num_draft_kv_ahead)`` committed tokens. The first draft pass
+feeds every request the committed tokens it has not seen (ragged: a prefill chunk, one token, or
+two when all drafts were accepted) and samples draft 1 from the last position; passes 2..k feed
+one token each. Draft j of a request is sampled with the RNG key of the output position it would
+occupy, so a seeded request drafts the same tokens whatever the batch or a preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from engine.batch import RequestResult, ScheduledRequest
+from engine.request import Request
+from engine.runner.inputs import ForwardItem
+from engine.runner.logits import RowContext, apply_processors
+from engine.runner.sampling_inputs import SamplingTensors
+from kernels import ops
+
+# run(items) -> logits [sum(num_logits), V_target] of the draft model
+DraftForward = Callable[[list[ForwardItem]], Optional[torch.Tensor]]
+
+
+@dataclass
+class _Proposal:
+    request: Request
+    committed: list[int]          # token ids after this step's accepted tokens
+    k: int                        # drafts to propose
+    drafts: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)
+
+
+def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult],
+            forward: DraftForward, num_spec: int, max_model_len: int, store_probs: bool,
+            greedy_drafts: bool, device: torch.device) -> None:
+    """Fill ``results`` with new drafts and the draft model's KV progress for every request."""
+    items: list[ForwardItem] = []
+    proposals: list[_Proposal] = []
+    for s in scheduled:
+        req = s.request
+        res = results.setdefault(req.request_id, RequestResult())
+        if not s.samples:  # mid-prefill: keep the draft's KV level with the target's
+            end = s.num_computed_before + s.num_new_tokens
+            if end > req.num_draft_computed:
+                items.append(ForwardItem(req.token_ids[req.num_draft_computed:end],
+                                         req.num_draft_computed, req.block_ids, 0))
+            res.num_draft_computed = max(end, req.num_draft_computed)
+            continue
+        accepted = res.sampled
+        valid = req.num_draft_computed + min(len(accepted) - 1, req.num_draft_kv_ahead)
+        committed = req.token_ids + accepted
+        k = _budget(req, len(accepted), num_spec, max_model_len)
+        if k == 0:
+            res.num_draft_computed = valid
+            continue
+        items.append(ForwardItem(committed[valid:], valid, req.block_ids, 1))
+        proposals.append(_Proposal(req, committed, k))
+    logits = forward(items) if items else None
+    for j in range(max((p.k for p in proposals), default=0)):
+        active = [p for p in proposals if p.k > j]
+        if j > 0:
+            items = [ForwardItem([p.drafts[-1]], len(p.committed) + j - 1, p.request.block_ids, 1)
+                     for p in active]
+            logits = forward(items)
+        elif len(active) != len(proposals):
+            raise AssertionError("every proposal drafts at least one token")
+        _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
+    for p in proposals:
+        res = results[p.request.request_id]
+        res.new_drafts = p.drafts
+        res.new_draft_probs = torch.stack(p.probs) if p.probs else None   # [k, V]
+        res.num_draft_computed = len(p.committed)
+        res.num_draft_kv_ahead = p.k - 1
+
+
+def _budget(req: Request, num_new: int, num_spec: int, max_model_len: int) -> int:
+    remaining_out = req.max_tokens - (req.num_output_tokens + num_new) - 1
+    remaining_ctx = max_model_len - (req.num_tokens + num_new) - 1
+    return max(0, min(num_spec, remaining_out, remaining_ctx))
+
+
+def _sample_pass(active: list[_Proposal], logits: torch.Tensor, j: int, store_probs: bool,
+                 greedy_drafts: bool, device: torch.device) -> None:
+    """Sample draft j+1 for each active proposal from ``logits [len(active), V]``."""
+    prompt_lens = [p.request.prompt_len for p in active]
+    rows = [RowContext(p.request, p.committed[pl:] + p.drafts) for p, pl in zip(active, prompt_lens)]
+    apply_processors(logits, rows)
+    positions = [len(p.committed) - pl + j for p, pl in zip(active, prompt_lens)]
+    st = SamplingTensors.build([p.request for p in active], positions, device, force_greedy=greedy_drafts)
+    tokens, probs = ops.sample_draft(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds,
+                                     st.positions, store_probs)
+    for i, (p, tok) in enumerate(zip(active, tokens.tolist())):
+        p.drafts.append(tok)
+        if store_probs:
+            p.probs.append(probs[i])

@@ -1,0 +1,63 @@
+"""Flattening a ragged batch of token runs into the tensors one forward pass needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.llama import AttentionMetadata
+
+
+@dataclass
+class ForwardItem:
+    """One request's run of tokens in a forward pass."""
+
+    token_ids: list[int]      # tokens to process this pass
+    start: int                # absolute position of token_ids[0]
+    block_ids: list[int]      # the request's block table
+    num_logits: int           # trailing positions whose logits are needed (0 = none)
+
+
+@dataclass
+class ForwardInputs:
+    input_ids: torch.Tensor        # [num_tokens] int64
+    positions: torch.Tensor        # [num_tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor   # [num_logit_rows] int64, rows of the hidden states to project
+
+
+def build_inputs(items: list[ForwardItem], block_size: int, device: torch.device) -> ForwardInputs:
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    qsl = [0]
+    seq_lens: list[int] = []
+    logit_rows: list[int] = []
+    max_blocks = max((len(it.block_ids) for it in items), default=1) or 1
+    tables = []
+    for it in items:
+        n = len(it.token_ids)
+        base = len(ids)
+        ids.extend(it.token_ids)
+        p = range(it.start, it.start + n)
+        pos.extend(p)
+        blocks = it.block_ids
+        slots.extend(blocks[q // block_size] * block_size + q % block_size for q in p)
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(it.start + n)
+        logit_rows.extend(range(base + n - it.num_logits, base + n))
+        tables.append(blocks + [0] * (max_blocks - len(blocks)))
+
+    def t(x, dtype):
+        return torch.tensor(x, dtype=dtype).to(device, non_blocking=True)
+
+    meta = AttentionMetadata(
+        slot_mapping=t(slots, torch.int64),
+        block_tables=t(tables, torch.int32),
+        query_start_loc=t(qsl, torch.int32),
+        seq_lens=t(seq_lens, torch.int32),
+        max_query_len=max((len(it.token_ids) for it in items), default=0),
+        max_seq_len=max(seq_lens, default=0),
+    )
+    return ForwardInputs(t(ids, torch.int64), t(pos, torch.int64), meta, t(logit_rows, torch.int64))

@@ -1,0 +1,83 @@
+"""Owns the models and their KV caches and executes one scheduled step.
+
+Step order: target forward over every scheduled token (prefill chunks, decodes and
+verifications in one ragged batch) -> logits processing -> one rejection-sampler call for all
+requests that sample -> the draft model catches up and proposes the next drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from engine.batch import ModelRunnerOutput, SchedulerOutput
+from engine.models.llama import KVCache, LlamaFamilyModel
+from engine.models.spec import ModelSpec
+from engine.runner.drafter import propose
+from engine.runner.inputs import ForwardItem, build_inputs
+from engine.runner.verifier import verify
+
+log = logging.getLogger("specserve.runner")
+
+
+def allocate_kv(spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype,
+                device: torch.device) -> list[KVCache]:
+    shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(spec.num_layers)]
+
+
+class ModelRunner:
+    def __init__(self, target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], num_blocks: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device, num_spec: int,
+                 max_model_len: int, rejection_method: str, draft_sample_method: str):
+        self.target, self.draft = target, draft
+        self.block_size = block_size
+        self.device = device
+        self.num_spec = num_spec if draft is not None else 0
+        self.max_model_len = max_model_len
+        self.rejection_method = rejection_method
+        self.store_draft_probs = draft_sample_method == "sample"
+        self.vocab_size = target.spec.vocab_size
+        self.target_kv = allocate_kv(target.spec, num_blocks, block_size, dtype, device)
+        self.draft_kv = allocate_kv(draft.spec, num_blocks, block_size, dtype, device) if draft else []
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        items = []
+        for s in so.scheduled:
+            req = s.request
+            start = s.num_computed_before
+            tokens = (req.token_ids + req.draft_token_ids)[start:start + s.num_new_tokens]
+            items.append(ForwardItem(tokens, start, req.block_ids, s.num_drafts + 1 if s.samples else 0))
+        logits = self._forward(self.target, self.target_kv, items)
+        sampling = [s for s in so.scheduled if s.samples]
+        results = {}
+        if sampling:
+            results = verify(sampling, logits, self.rejection_method,
+                             self.store_draft_probs and self.num_spec > 0, self.device)
+        if self.draft is not None and self.num_spec > 0:
+            propose(so.scheduled, results, self._draft_forward, self.num_spec, self.max_model_len,
+                    self.store_draft_probs, not self.store_draft_probs, self.device)
+        return ModelRunnerOutput(results)
+
+    def _forward(self, model: LlamaFamilyModel, kv: list[KVCache], items: list[ForwardItem]):
+        inputs = build_inputs(items, self.block_size, self.device)
+        hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
+        if inputs.logits_indices.numel() == 0:
+            return None
+        return model.compute_logits(hidden[inputs.logits_indices])   # [rows, V]
+
+    def _draft_forward(self, items: list[ForwardItem]) -> Optional[torch.Tensor]:
+        logits = self._forward(self.draft, self.draft_kv, items)
+        if logits is None:
+            return None
+        vocab = self.vocab_size
+        if logits.shape[1] > vocab:        # draft vocab padded wider than the target's
+            logits = logits[:, :vocab].contiguous()
+        elif logits.shape[1] < vocab:      # narrower: the missing ids are padding, never drafted
+            pad = logits.new_full((logits.shape[0], vocab - logits.shape[1]), float("-inf"))
+            logits = torch.cat([logits, pad], dim=1)
+        return logits

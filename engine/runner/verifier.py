@@ -1,0 +1,82 @@
+"""Sampling and draft verification on the target's logits (one rejection-sampler call a step).
+
+Plain decoding is the same call with zero drafts, so every request goes down one path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.batch import RequestResult, ScheduledRequest
+from engine.runner.logits import RowContext, apply_processors, logprobs_for
+from engine.runner.sampling_inputs import SamplingTensors
+from kernels import ops
+
+
+class MissingDraftProbsError(RuntimeError):
+    """Drafts were proposed with probabilities but the rows are gone: never silently fall back."""
+
+
+def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
+           draft_probs_expected: bool, device: torch.device) -> dict[str, RequestResult]:
+    """logits: [sum(k_b + 1), V] target rows, request by request (drafts then bonus row)."""
+    reqs = [s.request for s in sampling]
+    rows: list[RowContext] = []
+    for s in sampling:
+        out = s.request.output_token_ids
+        drafts = s.request.draft_token_ids[:s.num_drafts]
+        rows.extend(RowContext(s.request, out + drafts[:j]) for j in range(s.num_drafts + 1))
+    raw = _raw_rows_for_logprobs(sampling, logits)
+    apply_processors(logits, rows)
+
+    ks = [s.num_drafts for s in sampling]
+    cu = torch.tensor([0] + _cumsum(ks), dtype=torch.int32).to(device)
+    draft_ids = torch.tensor([t for s in sampling for t in s.request.draft_token_ids[:s.num_drafts]],
+                             dtype=torch.int64).to(device)
+    draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
+    st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
+    out = ops.rejection_sample(logits, cu, draft_ids, draft_probs, st.temperature, st.top_k,
+                               st.top_p, st.min_p, st.seeds, st.positions, method)
+    out_rows = out.tolist()  # the step's one host synchronisation for the target
+    results: dict[str, RequestResult] = {}
+    for b, s in enumerate(sampling):
+        tokens = [t for t in out_rows[b] if t >= 0]
+        res = RequestResult(sampled=tokens)
+        if s.request.params.logprobs is not None:
+            res.logprobs = logprobs_for(raw[s.request.request_id][:len(tokens)], tokens,
+                                        s.request.params.logprobs)
+        results[s.request.request_id] = res
+    return results
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out, acc = [], 0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
+
+
+def _raw_rows_for_logprobs(sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict:
+    raw, row = {}, 0
+    for s in sampling:
+        n = s.num_drafts + 1
+        if s.request.params.logprobs is not None:
+            raw[s.request.request_id] = logits[row:row + n].clone()
+        row += n
+    return raw
+
+
+def _gather_draft_probs(sampling: list[ScheduledRequest]) -> torch.Tensor:
+    parts = []
+    for s in sampling:
+        if s.num_drafts == 0:
+            continue
+        probs = s.request.draft_probs
+        if probs is None or probs.shape[0] < s.num_drafts:
+            have = 0 if probs is None else probs.shape[0]
+            raise MissingDraftProbsError(
+                f"request {s.request.request_id}: {s.num_drafts} drafts to verify but {have} "
+                "draft-probability rows stored")
+        parts.append(probs[:s.num_drafts])
+    return torch.cat(parts, dim=0)  # [sum k, V]

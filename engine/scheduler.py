@@ -1,0 +1,179 @@
+"""Continuous batching over the paged KV cache (plain Python, no torch).
+
+Each step every running request, then waiting ones, ask for the tokens they have not computed
+yet (``Request.num_uncomputed``), within a per-step token budget. A prefill chunk, a decode and a
+verification of k drafts are the same thing here. Two rules keep speculative decoding exact and
+seeded requests reproducible whatever the batch:
+
+* a chunk never ends inside a request's verification region (last committed token + drafts):
+  the drafts are verified all at once or not yet, never truncated by the budget;
+* when blocks run out the most recently admitted running request is preempted: its blocks are
+  freed (its KV is recomputed later, partly from the prefix cache) while its drafts and their
+  probabilities stay with it and are verified when it comes back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from engine.batch import ScheduledRequest, SchedulerOutput
+from engine.kv_cache import KVCacheManager
+from engine.request import Request, RequestStatus
+from engine.types import FinishReason
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_spec_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager):
+        if limits.max_num_batched_tokens < limits.num_spec_tokens + 1:
+            raise ValueError("max_num_batched_tokens must be at least num_speculative_tokens + 1")
+        self.limits = limits
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions_step = 0
+
+    # ---- membership --------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        """Retire a request: free its blocks and drafts, whatever state it is in."""
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.clear_drafts()
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        self.requests.pop(req.request_id, None)
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        out = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                self.finish(req, FinishReason.ABORT)
+                out.append(req)
+        return out
+
+    # ---- one step --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.limits.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        """Tokens to compute for ``req`` within ``budget``, never splitting the verification region."""
+        n = req.num_uncomputed
+        if n <= budget:
+            return n
+        verify_start = req.num_tokens - 1
+        if req.draft_token_ids and req.num_computed_tokens + budget > verify_start:
+            return max(0, verify_start - req.num_computed_tokens)
+        return budget
+
+    def _slots_needed(self, req: Request, n: int) -> tuple[bool, int, int]:
+        samples = req.num_computed_tokens + n == req.num_tokens_with_drafts
+        k_next = 0
+        if samples and self.limits.num_spec_tokens:
+            # after this step up to len(drafts) + 1 tokens are committed; the draft then proposes
+            k_next = self.limits.num_spec_tokens
+        return samples, k_next, req.num_computed_tokens + n + k_next
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk(req, budget)
+            if n <= 0:
+                i += 1
+                continue
+            samples, k_next, slots = self._slots_needed(req, n)
+            while not self.kv.allocate(req, slots):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                continue  # req preempted itself; the list shrank, i stays
+            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, samples,
+                                                  len(req.draft_token_ids) if samples else 0, k_next))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            if not req.block_ids:
+                cached = self.kv.claim_prefix(req)
+                req.num_computed_tokens = req.num_draft_computed = cached
+                if req.num_output_tokens == 0:
+                    req.num_cached_tokens = cached
+            n = self._chunk(req, budget)
+            if n <= 0:
+                break
+            samples, k_next, slots = self._slots_needed(req, n)
+            if not self.kv.allocate(req, slots):
+                # give back the prefix blocks it claimed: a waiting request must not hold KV
+                self.kv.free(req)
+                req.num_computed_tokens = req.num_draft_computed = 0
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, samples,
+                                                  len(req.draft_token_ids) if samples else 0, k_next))
+            budget -= n
+
+    def _preempt(self, req: Request) -> None:
+        """Free the request's KV (both models) and queue it first; drafts and their probs survive."""
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_draft_computed = 0
+        req.num_draft_kv_ahead = 0
+        req.status = RequestStatus.WAITING
+        req.times.num_preemptions += 1
+        self.num_preemptions_step += 1
+        self.waiting.appendleft(req)
+
+    def pop_preemption_count(self) -> int:
+        n, self.num_preemptions_step = self.num_preemptions_step, 0
+        return n
+
+    def capacity_error(self, num_slots: int) -> Optional[str]:
+        """Why a request needing ``num_slots`` positions can never run, or None if it can."""
+        need = self.kv.blocks_for(num_slots)
+        if need > self.kv.num_blocks:
+            return (f"this request needs up to {num_slots} KV slots ({need} blocks of "
+                    f"{self.kv.block_size}) but the whole KV cache holds "
+                    f"{self.kv.num_blocks * self.kv.block_size} tokens")
+        return None

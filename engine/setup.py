@@ -1,0 +1,172 @@
+"""Start-up: resolve paths, pick device / dtype / kernel backend once, load models, size the KV cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from engine.config import DEMO_MODEL, ConfigError, EngineConfig
+from engine.models.loader import load_model
+from engine.models.spec import ModelSpec, read_model_spec
+from engine.runner.model_runner import ModelRunner
+from kernels.backend import set_backend, triton_available
+
+log = logging.getLogger("specserve.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine was started with, as callers (server, logs, /v1/models) want to know it."""
+
+    model_path: str
+    draft_model_path: Optional[str]
+    served_model_name: str
+    num_speculative_tokens: int
+    rejection_sample_method: str
+    draft_sample_method: str
+    max_model_len: int
+    device: str
+    dtype: str
+    kernel_backend: str
+    num_kv_blocks: int
+    block_size: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+
+@dataclass
+class LoadedModels:
+    info: EngineInfo
+    tokenizer: Any
+    runner: ModelRunner
+
+
+def resolve_model_path(name: str, role: str) -> str:
+    """``demo`` -> the embedded pair; otherwise a local checkpoint directory."""
+    if name == DEMO_MODEL:
+        try:
+            from engine import demo
+        except ImportError:
+            raise ConfigError("the embedded demo pair is not part of this installation; pass --model DIR")
+        path = demo.TARGET_DIR if role == "target" else demo.DRAFT_DIR
+        if not (Path(path) / "config.json").exists():
+            raise ConfigError(f"the embedded demo {role} is missing at {path}; pass --model DIR")
+        return str(path)
+    if not Path(name).is_dir():
+        raise ConfigError(f"{role} model {name!r} is not a local directory (nothing is downloaded; "
+                          "point --model at a checkpoint directory, or use 'demo')")
+    return str(Path(name).resolve())
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but no CUDA device is available")
+    return dev
+
+
+def pick_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return _DTYPES.get(spec.config_dtype.replace("torch.", ""), torch.bfloat16)
+
+
+def pick_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    return name
+
+
+def load_tokenizer(path: str):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def check_tokenizers_match(target_tok, draft_tok, draft_path: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ConfigError(f"the draft model {draft_path} uses a different tokenizer than the target; "
+                          "speculative decoding needs the same vocabulary (padding may differ)")
+
+
+def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype,
+                device: torch.device, max_model_len: int) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    elem = torch.tensor([], dtype=dtype).element_size()
+    per_block = config.block_size * sum(s.kv_bytes_per_token(elem) for s in specs)
+    if config.kv_cache_memory is not None:
+        budget = config.kv_cache_memory
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - (1 << 30)
+    else:
+        needed = config.max_num_seqs * (max_model_len + config.block_size) * per_block // config.block_size
+        budget = min(_CPU_DEFAULT_KV_BYTES, needed)
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ConfigError(f"no memory left for the KV cache (budget {budget} bytes, one block needs "
+                          f"{per_block}); lower --max-model-len or raise --kv-cache-memory / "
+                          "--gpu-memory-utilization")
+    return int(blocks)
+
+
+def load_models(config: EngineConfig) -> LoadedModels:
+    device = pick_device(config.device)
+    target_path = resolve_model_path(config.model, "target")
+    target_spec = read_model_spec(target_path)
+    dtype = pick_dtype(config.dtype, target_spec, device)
+    backend = pick_backend(config.kernel_backend, device)
+    set_backend(backend)
+    spec_cfg = config.speculative
+    draft_path = resolve_model_path(spec_cfg.model, "draft") if spec_cfg.enabled else None
+    draft_spec = read_model_spec(draft_path) if draft_path else None
+    tokenizer = load_tokenizer(config.tokenizer or target_path)
+    if draft_path:
+        check_tokenizers_match(tokenizer, load_tokenizer(draft_path), draft_path)
+    max_len = config.max_model_len or min(s.max_position_embeddings for s in (target_spec, draft_spec) if s)
+    num_spec = spec_cfg.num_speculative_tokens if draft_spec else 0
+    if config.max_num_batched_tokens < num_spec + 1:
+        raise ConfigError("--max-num-batched-tokens must be at least --num-speculative-tokens + 1")
+    rope_len = max_len + num_spec + 1
+    log.info("loading target %s (%s) on %s in %s, kernels: %s", target_path, target_spec.architecture,
+             device, str(dtype).replace("torch.", ""), backend)
+    target = load_model(target_spec, device, dtype, rope_len, config.load_format, config.seed)
+    draft = None
+    if draft_spec:
+        log.info("loading draft %s (%s), k=%d, %s rejection sampling, %s drafts", draft_path,
+                 draft_spec.architecture, num_spec, spec_cfg.rejection_sample_method,
+                 spec_cfg.draft_sample_method)
+        draft = load_model(draft_spec, device, dtype, rope_len, config.load_format, config.seed + 1)
+    specs = [s for s in (target_spec, draft_spec) if s]
+    blocks = _num_blocks(config, specs, dtype, device, max_len)
+    runner = ModelRunner(target, draft, blocks, config.block_size, dtype, device, num_spec, max_len,
+                         spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method)
+    eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    info = EngineInfo(
+        model_path=target_path, draft_model_path=draft_path,
+        served_model_name=config.served_model_name or Path(target_path).name,
+        num_speculative_tokens=num_spec, rejection_sample_method=spec_cfg.rejection_sample_method,
+        draft_sample_method=spec_cfg.draft_sample_method, max_model_len=max_len, device=str(device),
+        dtype=str(dtype).replace("torch.", ""), kernel_backend=backend, num_kv_blocks=blocks,
+        block_size=config.block_size, vocab_size=target_spec.vocab_size, eos_token_ids=eos)
+    log.info("KV cache: %d blocks of %d tokens = %d tokens; max model len %d", blocks,
+             config.block_size, info.kv_capacity_tokens, max_len)
+    return LoadedModels(info, tokenizer, runner)
