@@ -33,7 +33,7 @@ RUN uv python install "${PYTHON_VERSION}" \
  && uv venv --python "${PYTHON_VERSION}" /opt/venv \
  && uv pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY kernels ./kernels
 COPY engine ./engine
 COPY server ./server

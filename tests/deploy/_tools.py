@@ -87,3 +87,30 @@ def one(docs: list[dict], kind: str) -> dict:
     found = by_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}: {[d['kind'] for d in docs]}"
     return found[0]
+
+
+# --------------------------------------------------------------------------- dashboard helpers
+def dashboard() -> dict:
+    import json
+
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(panel title, refId, expr) of every target of every panel."""
+    return [(p["title"], t["refId"], t["expr"])
+            for p in dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def concrete(expr: str, rate_interval: str = "1m") -> str:
+    """What Grafana would send with every variable on "All": $__rate_interval and $var replaced."""
+    import re
+
+    expr = expr.replace("$__rate_interval", rate_interval)
+    return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+
+
+def as_rule_file(exprs: list[str]) -> str:
+    """A Prometheus rules file recording each expression, so that promtool parses them all."""
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    return yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, sort_keys=False)

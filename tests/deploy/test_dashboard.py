@@ -1,0 +1,153 @@
+"""The Grafana dashboard, without a Grafana: structure, PromQL syntax (promtool), metric names,
+guarded denominators, and that the committed JSON is what build_dashboard.py produces.
+
+That every query returns data from a real Prometheus is test_dashboard_live.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy._tools import (DASHBOARD, ROOT, as_rule_file, concrete, dashboard,
+                                 dashboard_queries, find_tool, run)
+
+# The metric names fixed by the engine author (server/metrics.py exports them).
+COUNTERS = {"spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+            "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total",
+            "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+            "request_success_total"}
+HISTOGRAMS = {"spec_decode_request_acceptance_length", "time_to_first_token_seconds",
+              "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"}
+GAUGES = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+          "spec_decode_draft_probs_bytes", "kv_cache_free_blocks"}
+KNOWN = ({f"specserve:{n}" for n in COUNTERS | GAUGES}
+         | {f"specserve:{n}_{s}" for n in HISTOGRAMS for s in ("bucket", "sum", "count")})
+
+REQUIRED_PANELS = [
+    "Mean acceptance length", "Acceptance rate", "Acceptance rate per draft position",
+    "Per-request acceptance length distribution", "Draft, accepted and rejected tokens per second",
+    "Token throughput", "Time to first token", "Inter-token latency", "End-to-end request latency",
+    "Running and waiting requests", "KV cache usage", "Preemptions and free KV blocks",
+    "Draft-probability memory",
+]
+
+
+def panels() -> list[dict]:
+    return [p for p in dashboard()["panels"] if p["type"] != "row"]
+
+
+def test_json_is_what_the_generator_builds() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboard.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_template_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert list(variables) == ["datasource", "model_name", "instance"]
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("model_name", "instance"):
+        v = variables[name]
+        assert v["type"] == "query" and v["includeAll"] and v["multi"] and v["allValue"] == ".*"
+        assert v["query"]["query"].startswith("label_values(specserve:") and f", {name})" in v["query"]["query"]
+    assert "$model_name" in variables["instance"]["query"]["query"], "instances follow the chosen model"
+
+
+def test_panels_are_complete_and_explained() -> None:
+    titles = [p["title"] for p in panels()]
+    for title in REQUIRED_PANELS:
+        assert title in titles, f"missing panel {title!r}"
+    assert len(set(titles)) == len(titles)
+    ids = [p["id"] for p in dashboard()["panels"]]
+    assert len(set(ids)) == len(ids)
+    for p in panels():
+        assert len(p["description"]) > 30, f"{p['title']}: say what the panel means"
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            assert 'model_name=~"$model_name"' in t["expr"] and 'instance=~"$instance"' in t["expr"]
+
+
+def test_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for p in dashboard()["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+def test_per_position_panel_has_one_series_per_position() -> None:
+    (p,) = [p for p in panels() if p["title"] == "Acceptance rate per draft position"]
+    (t,) = p["targets"]
+    assert "sum by (model_name, position)" in t["expr"] and "{{position}}" in t["legendFormat"]
+    assert "group_left" in t["expr"]
+
+
+def test_only_known_metrics() -> None:
+    for title, ref, expr in dashboard_queries():
+        for name in re.findall(r"specserve:[a-z0-9_]+", expr):
+            assert name in KNOWN, f"{title} {ref}: unknown metric {name}"
+
+
+def _unguarded_divisions(expr: str) -> list[str]:
+    """Denominators of `/` that are not `(... > 0)`; `/` inside [] or strings is skipped."""
+    bad = []
+    for m in re.finditer(r"/(\s*on\s*\([^)]*\)\s*group_left\s*\([^)]*\))?\s*", expr):
+        rest = expr[m.end():]
+        if not rest.startswith("("):
+            bad.append(rest[:40])
+            continue
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0:
+                if not re.search(r">\s*0\s*\)$", rest[: i + 1]):
+                    bad.append(rest[: i + 1])
+                break
+    return bad
+
+
+def test_every_ratio_guards_its_denominator() -> None:
+    assert _unguarded_divisions("a / (b > 0)") == []
+    assert _unguarded_divisions("a / b") and _unguarded_divisions("a / (b)")
+    divisions = 0
+    for title, ref, expr in dashboard_queries():
+        divisions += expr.count("/")
+        assert not _unguarded_divisions(expr), f"{title} {ref}: unguarded {_unguarded_divisions(expr)}"
+    assert divisions >= 8
+
+
+def test_every_query_parses_in_promtool(tmp_path: Path) -> None:
+    exprs = [concrete(e) for _, _, e in dashboard_queries()]
+    assert len(exprs) >= 30
+    rules = tmp_path / "dashboard-rules.yml"
+    rules.write_text(as_rule_file(exprs))
+    proc = run([find_tool("promtool"), "check", "rules", str(rules)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in proc.stdout
+    # and the check bites: a missing parenthesis is refused
+    rules.write_text(as_rule_file([exprs[0][:-1]]))
+    assert run([find_tool("promtool"), "check", "rules", str(rules)]).returncode != 0
+
+
+def test_dashboard_file_is_plain_importable_json() -> None:
+    text = DASHBOARD.read_text()
+    assert "__inputs" not in text, "the sidecar does not resolve import-time inputs; use ${datasource}"
+    d = dashboard()
+    assert d["uid"] and d["schemaVersion"] >= 36 and d["title"].startswith("specserve")
+
+
+@pytest.mark.parametrize("title", ["Mean acceptance length"])
+def test_acceptance_length_formula(title: str) -> None:
+    (p,) = [p for p in panels() if p["title"] == title]
+    expr = p["targets"][0]["expr"]
+    assert expr.startswith("1 + sum by (model_name) (rate(specserve:spec_decode_num_accepted_tokens_total")
+    assert "specserve:spec_decode_num_drafts_total" in expr.split("/")[1]
