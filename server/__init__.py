@@ -1,0 +1,28 @@
+"""specserve's HTTP face: an OpenAI-compatible FastAPI server over :mod:`engine`.
+
+Modules: ``protocol`` (pydantic request/response schemas), ``errors`` (OpenAI-shaped errors),
+``auth`` (bearer keys), ``tokens`` (token text/bytes for logprobs), ``serving`` (one request's trip
+through the engine: prompts in, RequestOutputs out, disconnect -> abort), ``responses`` (RequestOutput ->
+OpenAI JSON bodies and SSE chunks), ``routes`` (the endpoints), ``metrics`` (the only prometheus_client
+user), ``app`` (``create_app(engine, ...)``) and ``cli`` (``specserve serve``; argv/env -> configs).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+
+def _version() -> str:
+    try:
+        return metadata.version("specserve")
+    except metadata.PackageNotFoundError:  # a source checkout that was not pip-installed
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+__version__ = _version()

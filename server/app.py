@@ -1,0 +1,73 @@
+"""``create_app(engine, ...)``: the FastAPI application around an (already loaded) AsyncEngine.
+
+The lifespan starts the engine's step thread inside the running event loop and, on shutdown
+(uvicorn has by then drained or cut the open connections), shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from server import __version__
+from server.auth import APIKeyChecker
+from server.errors import install_error_handlers
+from server.metrics import ServerMetrics
+from server.routes import build_router
+from server.serving import ServerState
+from server.tokens import TokenText
+
+logger = logging.getLogger(__name__)
+
+
+def _strip_422(schema: dict[str, Any]) -> dict[str, Any]:
+    """Validation errors are 400s here, so FastAPI's automatic 422 entries would be lies."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    schemas = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    return schema
+
+
+def create_app(engine: Any, *, served_model_name: Optional[str] = None,
+               api_keys: Sequence[str] = (), shutdown_timeout: float = 30.0,
+               registry: Optional[CollectorRegistry] = None) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine`` (an ``engine.AsyncEngine``, not yet started)."""
+    name = served_model_name or engine.info.served_model_name
+    metrics = ServerMetrics(name, engine.info.num_speculative_tokens, registry)
+    state = ServerState(engine=engine, served_model_name=name, metrics=metrics,
+                        token_text=TokenText(engine.tokenizer))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.add_step_listener(metrics.on_step)
+        await engine.start()
+        logger.info("engine started; serving model '%s'", name)
+        try:
+            yield
+        finally:
+            logger.info("shutting down: draining in-flight requests (up to %.0fs)", shutdown_timeout)
+            await engine.shutdown(timeout=shutdown_timeout)
+            logger.info("engine stopped")
+
+    app = FastAPI(title="specserve", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible server with lossless speculative decoding "
+                              "(a separate draft model).")
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(build_router(APIKeyChecker(api_keys)))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _strip_422(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,240 @@
+"""``specserve`` command line: argv + environment -> EngineConfig + ServerOptions -> uvicorn.
+
+This is the only place that reads environment variables (``SPECSERVE_API_KEY``: comma-separated keys).
+
+Subcommands: ``serve`` here; other modules named ``server/bench*.py`` add theirs by defining
+``add_subparser(subparsers) -> None``, which registers a subcommand and sets
+``func=callable(args, environ) -> int``
+as its default (``parser.set_defaults(func=...)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import pkgutil
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
+
+logger = logging.getLogger("specserve")
+
+API_KEY_ENV = "SPECSERVE_API_KEY"
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: Optional[str] = None
+    api_keys: tuple[str, ...] = ()
+    shutdown_timeout: float = 30.0
+    log_level: str = "info"
+    access_log: bool = True
+
+    def __repr__(self) -> str:  # never print keys
+        return (f"ServerOptions(host={self.host!r}, port={self.port}, served_model_name="
+                f"{self.served_model_name!r}, api_keys=<{len(self.api_keys)} hidden>, "
+                f"shutdown_timeout={self.shutdown_timeout}, log_level={self.log_level!r})")
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=DEMO_MODEL, help="checkpoint directory, or 'demo' (default)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    g.add_argument("--draft-model", default=None, help="draft checkpoint directory, or 'demo'")
+    g.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help=f"draft tokens per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS} with a draft)")
+    g.add_argument("--speculative-config", default=None,
+                   help='vLLM form: {"method":"draft_model","model":DIR,"num_speculative_tokens":K}')
+    g.add_argument("--rejection-sample-method", choices=["probabilistic", "strict"], default=None)
+    g.add_argument("--draft-sample-method", choices=["sample", "greedy"], default=None)
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
+    g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default=d.load_format)
+    g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N")
+    g.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default=d.kernel_backend)
+    g.add_argument("--seed", type=int, default=d.seed)
+    c = p.add_argument_group("cache and scheduling")
+    c.add_argument("--block-size", type=int, default=d.block_size)
+    c.add_argument("--num-kv-blocks", type=int, default=None)
+    c.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (target + draft KV)")
+    c.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    c.add_argument("--max-model-len", type=int, default=None)
+    c.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    c.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    c.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=d.enable_prefix_caching)
+    c.add_argument("--enforce-eager", action="store_true")
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default=ServerOptions.host)
+    s.add_argument("--port", type=int, default=ServerOptions.port)
+    s.add_argument("--served-model-name", default=None)
+    s.add_argument("--api-key", action="append", default=[],
+                   help=f"required bearer key for /v1/* (repeatable; also ${API_KEY_ENV}, comma-separated)")
+    s.add_argument("--shutdown-timeout", type=float, default=ServerOptions.shutdown_timeout,
+                   help="seconds SIGTERM waits for in-flight requests before aborting them")
+    s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                   default=ServerOptions.log_level)
+    s.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+
+
+def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
+    methods = {k: v for k, v in (("rejection_sample_method", args.rejection_sample_method),
+                                  ("draft_sample_method", args.draft_sample_method)) if v is not None}
+    k = args.num_speculative_tokens
+    if args.speculative_config is not None:
+        if args.draft_model is not None or k is not None:
+            raise ConfigError("use either --speculative-config or --draft-model/--num-speculative-tokens")
+        base = SpeculativeConfig.from_json(args.speculative_config)
+        return SpeculativeConfig(base.model, base.num_speculative_tokens,
+                                 methods.get("rejection_sample_method", base.rejection_sample_method),
+                                 methods.get("draft_sample_method", base.draft_sample_method))
+    draft = args.draft_model
+    if draft is None and args.model == DEMO_MODEL:
+        draft = DEMO_MODEL  # the demo pair brings its own draft
+    if draft is None:
+        if k:
+            raise ConfigError("--num-speculative-tokens needs a draft model (--draft-model DIR)")
+        return SpeculativeConfig(**methods)
+    if k == 0:
+        return SpeculativeConfig(**methods)  # speculation explicitly off
+    k = DEFAULT_NUM_SPECULATIVE_TOKENS if k is None else k
+    return SpeculativeConfig(model=draft, num_speculative_tokens=k, **methods)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The serve flags -> EngineConfig (raises ConfigError with the flag's name)."""
+    return EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, served_model_name=args.served_model_name,
+        speculative=_speculative(args), dtype=args.dtype, load_format=args.load_format,
+        device=args.device, kernel_backend=args.kernel_backend, seed=args.seed,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory=parse_size(args.kv_cache_memory),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager)
+
+
+def api_keys(cli_keys: Sequence[str], environ: Mapping[str, str]) -> tuple[str, ...]:
+    keys = [k.strip() for k in cli_keys]
+    keys += [k.strip() for k in environ.get(API_KEY_ENV, "").split(",")]
+    return tuple(dict.fromkeys(k for k in keys if k))
+
+
+def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
+    if not 0 <= args.port <= 65535:
+        raise ConfigError("--port must be between 0 and 65535")
+    if args.shutdown_timeout < 0:
+        raise ConfigError("--shutdown-timeout must be >= 0")
+    return ServerOptions(host=args.host, port=args.port, served_model_name=args.served_model_name,
+                         api_keys=api_keys(args.api_key, environ), shutdown_timeout=args.shutdown_timeout,
+                         log_level=args.log_level, access_log=not args.no_access_log)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description="OpenAI-compatible server with "
+                                     "lossless speculative decoding (separate draft model).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    _add_engine_flags(serve)
+    _add_server_flags(serve)
+    serve.set_defaults(func=run_serve)
+    for module in _extra_command_modules():
+        module.add_subparser(sub)
+    return parser
+
+
+def _extra_command_modules() -> list[Any]:
+    import server
+
+    found = []
+    for info in pkgutil.iter_modules(server.__path__):
+        if info.name.startswith("bench"):
+            module = importlib.import_module(f"server.{info.name}")
+            if hasattr(module, "add_subparser"):
+                found.append(module)
+    return found
+
+
+def _describe(engine: Any, name: str, opts: ServerOptions) -> str:
+    """One start-up line: what was loaded, on which device, KV capacity, the URL, whether keys guard it."""
+    info = engine.info
+    draft = (f"draft {info.draft_model_path} (k={info.num_speculative_tokens}, "
+             f"{info.rejection_sample_method} verification, {info.draft_sample_method} drafts)"
+             if info.draft_model_path and info.num_speculative_tokens > 0 else "no draft (speculation off)")
+    return (f"serving '{name}' = target {info.model_path} + {draft} on {info.device} ({info.dtype}); "
+            f"KV cache {info.kv_capacity_tokens} tokens ({info.num_kv_blocks} x {info.block_size}); "
+            f"max_model_len {info.max_model_len}; at http://{opts.host}:{opts.port} "
+            f"({'API key required on /v1/*' if opts.api_keys else 'no API key'})")
+
+
+def _make_server(app: Any, opts: ServerOptions) -> Any:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                state = app.state.server
+                logger.info("%s", _describe(state.engine, state.served_model_name, opts))
+
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
+                            access_log=opts.access_log, timeout_graceful_shutdown=opts.shutdown_timeout,
+                            log_config=None)
+    return _Server(config)
+
+
+def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Load the engine, then serve until SIGTERM/SIGINT (drained, exit 0)."""
+    try:
+        config = engine_config(args)
+        opts = server_options(args, environ)
+    except ConfigError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=opts.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine import AsyncEngine
+    from server.app import create_app
+
+    try:
+        engine = AsyncEngine(config)
+    except (ConfigError, FileNotFoundError, NotImplementedError) as e:
+        print(f"specserve: error: cannot load the model: {e}", file=sys.stderr)
+        return 2
+    app = create_app(engine, served_model_name=opts.served_model_name, api_keys=opts.api_keys,
+                     shutdown_timeout=opts.shutdown_timeout)
+    server = _make_server(app, opts)
+    # uvicorn re-raises the captured signal once it has shut down; with these handlers in place that
+    # re-raise is a no-op, so a drained SIGTERM ends with exit status 0.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 3
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    """The ``specserve`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    env = os.environ if environ is None else environ
+    return int(args.func(args, env) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

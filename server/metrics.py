@@ -1,0 +1,230 @@
+"""Prometheus metrics (the only prometheus_client user). Prefix ``specserve:``, label ``model_name``.
+
+Two sources feed them:
+
+* every ``RequestOutput`` the server receives goes through a :class:`RequestTracker`, which turns the
+  cumulative output into deltas: prompt/generation tokens, spec-decode counters, inter-token
+  latency, and at the end the per-sequence histograms (TTFT, e2e, queue time, acceptance length)
+  and ``request_success_total``. Counting from the outputs makes /metrics add up exactly to the
+  ``usage`` blocks of the responses (1 + accepted / drafts from /metrics equals the same ratio over
+  the usage blocks), and keeps it live while long requests run.
+* ``StepStats`` from the engine's step listener: running / waiting / KV usage / draft-prob bytes
+  gauges and preemptions; the gauges are refreshed from ``engine.debug_state()`` on every scrape
+  so they are right even when the engine is idle.
+
+A request with ``n`` choices counts as ``n`` sequences in the per-sequence metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.types import CompletionOutput, FinishReason, RequestOutput, SpecDecodeStats, StepStats
+
+prometheus_client.disable_created_metrics()  # no *_created series: counters only, as vLLM exports
+
+PREFIX = "specserve:"
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_FINISH_REASONS = tuple(r.value for r in FinishReason)
+
+
+def acceptance_buckets(k: int) -> tuple[float, ...]:
+    """1.0 .. k + 1 in steps of 0.25 (acceptance length = 1 + accepted / drafts lies in [1, k + 1])."""
+    top = max(k, 1) + 1
+    return tuple(1.0 + 0.25 * i for i in range(int((top - 1) / 0.25) + 1))
+
+
+class ServerMetrics:
+    """All series for one served model, in a registry of their own (several apps may share a process)."""
+
+    def __init__(self, model_name: str, num_speculative_tokens: int,
+                 registry: Optional[CollectorRegistry] = None):
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        self.k = num_speculative_tokens
+        self._build_spec_decode()
+        self._build_serving()
+
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(PREFIX + name, doc, ("model_name",) + labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        return Gauge(PREFIX + name, doc, ("model_name",), registry=self.registry).labels(self.model_name)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        return Histogram(PREFIX + name, doc, ("model_name",), buckets=buckets,
+                         registry=self.registry).labels(self.model_name)
+
+    def _build_spec_decode(self) -> None:
+        m = self.model_name
+        self.num_drafts = self._counter("spec_decode_num_drafts_total",
+                                        "Verification steps that checked at least one draft token.").labels(m)
+        self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens_total",
+                                              "Draft tokens proposed and verified.").labels(m)
+        self.num_accepted = self._counter("spec_decode_num_accepted_tokens_total",
+                                          "Draft tokens accepted by the target.").labels(m)
+        per_pos = self._counter("spec_decode_num_accepted_tokens_per_pos_total",
+                                "Drafts whose first position+1 tokens were all accepted.", ("position",))
+        self.accepted_per_pos = [per_pos.labels(m, str(i)) for i in range(self.k)]
+        self.acceptance_length = self._histogram(
+            "spec_decode_request_acceptance_length",
+            "Per finished sequence: 1 + accepted / drafts (unbiased by completion length).",
+            acceptance_buckets(self.k))
+        self.draft_probs_bytes = self._gauge("spec_decode_draft_probs_bytes",
+                                             "Bytes held by stored draft probabilities.")
+
+    def _build_serving(self) -> None:
+        m = self.model_name
+        self.ttft = self._histogram("time_to_first_token_seconds", "Arrival to first token.",
+                                    _TTFT_BUCKETS)
+        self.itl = self._histogram("inter_token_latency_seconds",
+                                   "Time between consecutive outputs of a sequence (one per step).",
+                                   _ITL_BUCKETS)
+        self.e2e = self._histogram("e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
+        self.queue_time = self._histogram("request_queue_time_seconds",
+                                          "Arrival to first scheduled.", _REQUEST_BUCKETS)
+        self.running = self._gauge("num_requests_running", "Requests in the running batch.")
+        self.waiting = self._gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
+        self.kv_free_blocks = self._gauge("kv_cache_free_blocks", "Free KV-cache blocks.")
+        self.preemptions = self._counter("num_preemptions_total", "Preempted sequences.").labels(m)
+        self.prompt_tokens = self._counter("prompt_tokens_total",
+                                           "Prompt tokens of served requests.").labels(m)
+        self.generation_tokens = self._counter("generation_tokens_total",
+                                               "Tokens generated (as returned to clients).").labels(m)
+        success = self._counter("request_success_total", "Finished sequences by finish reason.",
+                                ("finished_reason",))
+        self.success = {r: success.labels(m, r) for r in _FINISH_REASONS}
+
+    # ------------------------------------------------------------------------------ feeding
+
+    def on_step(self, stats: StepStats) -> None:
+        """The engine's step listener (called on the event loop after every step)."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.kv_free_blocks.set(stats.num_free_blocks)
+        self.draft_probs_bytes.set(stats.draft_prob_bytes)
+        if stats.num_preemptions:
+            self.preemptions.inc(stats.num_preemptions)
+
+    def refresh(self, state: Mapping[str, Any]) -> None:
+        """Set the gauges from ``engine.debug_state()`` (called on every scrape)."""
+        total = state.get("num_total_blocks") or 0
+        free = state.get("num_free_blocks", 0)
+        if total:
+            self.kv_usage.set(1.0 - free / total)
+        self.kv_free_blocks.set(free)
+        self.draft_probs_bytes.set(state.get("draft_prob_bytes", 0))
+        if state.get("num_unfinished_requests", 0) == 0:
+            self.running.set(0)
+            self.waiting.set(0)
+
+    def add_spec_decode(self, delta: SpecDecodeStats) -> None:
+        if delta.num_drafts:
+            self.num_drafts.inc(delta.num_drafts)
+        if delta.num_draft_tokens:
+            self.num_draft_tokens.inc(delta.num_draft_tokens)
+        if delta.num_accepted_tokens:
+            self.num_accepted.inc(delta.num_accepted_tokens)
+        for pos, count in enumerate(delta.accepted_per_pos[: self.k]):
+            if count:
+                self.accepted_per_pos[pos].inc(count)
+
+    def track(self, num_prompt_tokens: int, n: int) -> "RequestTracker":
+        return RequestTracker(self, num_prompt_tokens, n)
+
+    def render(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+
+def _spec_delta(now: SpecDecodeStats, before: SpecDecodeStats) -> SpecDecodeStats:
+    per_pos = [v - (before.accepted_per_pos[i] if i < len(before.accepted_per_pos) else 0)
+               for i, v in enumerate(now.accepted_per_pos)]
+    return SpecDecodeStats(now.num_drafts - before.num_drafts,
+                           now.num_draft_tokens - before.num_draft_tokens,
+                           now.num_accepted_tokens - before.num_accepted_tokens, per_pos)
+
+
+def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:
+    return SpecDecodeStats(s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos))
+
+
+@dataclass
+class _SeqState:
+    num_tokens: int = 0
+    last_token_time: Optional[float] = None
+    spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    done: bool = False
+
+
+class RequestTracker:
+    """Turns one engine request's cumulative outputs into metric increments, exactly once each."""
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, n: int):
+        self._m = metrics
+        self._num_prompt_tokens = num_prompt_tokens
+        self._prompt_counted = False
+        self._seqs = [_SeqState() for _ in range(n)]
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self._seqs)
+
+    def update(self, out: RequestOutput) -> None:
+        for comp in out.outputs:
+            if 0 <= comp.index < len(self._seqs):
+                self._update_seq(self._seqs[comp.index], comp)
+
+    def _update_seq(self, seq: _SeqState, comp: CompletionOutput) -> None:
+        if seq.done:
+            return
+        new_tokens = len(comp.token_ids) - seq.num_tokens
+        if new_tokens > 0:
+            if not self._prompt_counted:
+                self._prompt_counted = True
+                self._m.prompt_tokens.inc(self._num_prompt_tokens)
+            self._m.generation_tokens.inc(new_tokens)
+            now = comp.times.last_token or time.monotonic()
+            if seq.last_token_time is not None:
+                self._m.itl.observe(max(0.0, now - seq.last_token_time))
+            seq.last_token_time = now
+            seq.num_tokens = len(comp.token_ids)
+        self._m.add_spec_decode(_spec_delta(comp.spec_decode, seq.spec))
+        seq.spec = _copy_spec(comp.spec_decode)
+        if comp.finish_reason is not None:
+            self._finish_seq(seq, comp)
+
+    def _finish_seq(self, seq: _SeqState, comp: CompletionOutput) -> None:
+        seq.done = True
+        reason = FinishReason(comp.finish_reason).value
+        self._m.success[reason].inc()
+        if reason not in (FinishReason.STOP.value, FinishReason.LENGTH.value):
+            return
+        t = comp.times
+        if t.first_token is not None:
+            self._m.ttft.observe(max(0.0, t.first_token - t.arrival))
+        if t.first_scheduled is not None:
+            self._m.queue_time.observe(max(0.0, t.first_scheduled - t.arrival))
+        self._m.e2e.observe(max(0.0, (t.finished or time.monotonic()) - t.arrival))
+        if comp.spec_decode.acceptance_length is not None:
+            self._m.acceptance_length.observe(comp.spec_decode.acceptance_length)
+
+    def abort_unfinished(self) -> None:
+        """Count the sequences that never reported a finish (client gone, shutdown) as aborted."""
+        for seq in self._seqs:
+            if not seq.done:
+                seq.done = True
+                self._m.success[FinishReason.ABORT.value].inc()

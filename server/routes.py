@@ -1,0 +1,103 @@
+"""The endpoints. ``/v1/*`` sit behind the API-key check; /health, /metrics and /version stay open.
+
+Every status code a route can return is declared in its ``responses`` so the OpenAPI document is
+complete (schemathesis checks that nothing undocumented comes back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from server import __version__
+from server.auth import APIKeyChecker
+from server.errors import APIError
+from server.metrics import CONTENT_TYPE
+from server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                             CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList,
+                             SpeculativeInfo, VersionResponse)
+from server.serving import ServerState
+from server.serving_chat import create_chat_completion
+from server.serving_completions import create_completion
+
+_ERR = {"model": ErrorResponse}
+_V1_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {**_ERR, "description": "missing or wrong API key (only when the server has keys)"},
+}
+_GEN_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_V1_ERRORS,
+    400: {**_ERR, "description": "invalid request: malformed JSON, wrong types, out-of-range or "
+                                 "unsupported fields, prompt too long for the model"},
+    404: {**_ERR, "description": "unknown model"},
+    500: {**_ERR, "description": "the engine failed while running the request"},
+    503: {**_ERR, "description": "queue full (with Retry-After) or the engine is shutting down/dead",
+          "headers": {"Retry-After": {"schema": {"type": "integer"},
+                                      "description": "seconds to wait before retrying"}}},
+}
+
+
+def _ok(model: type, description: str) -> dict[int | str, dict[str, Any]]:
+    """200 documented as JSON (``model``) or, with ``stream: true``, an SSE stream."""
+    sse = {"schema": {"type": "string"},
+           "description": "with stream=true: `data: {chunk}` events, then `data: [DONE]`"}
+    return {200: {"model": model, "description": description, "content": {"text/event-stream": sse}}}
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def build_router(auth: APIKeyChecker) -> APIRouter:
+    router = APIRouter()
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(auth)])
+
+    @v1.post("/completions", response_model=CompletionResponse,
+             responses={**_ok(CompletionResponse, "the completion"), **_GEN_ERRORS})
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await create_completion(state_of(request), body, request)
+
+    @v1.post("/chat/completions", response_model=ChatCompletionResponse,
+             responses={**_ok(ChatCompletionResponse, "the chat completion"), **_GEN_ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        return await create_chat_completion(state_of(request), body, request)
+
+    @v1.get("/models", response_model=ModelList, responses=_V1_ERRORS)
+    async def models(request: Request) -> ModelList:
+        state = state_of(request)
+        info = state.engine.info
+        spec = None
+        if info.draft_model_path and info.num_speculative_tokens > 0:
+            spec = SpeculativeInfo(draft_model=str(info.draft_model_path),
+                                   num_speculative_tokens=info.num_speculative_tokens,
+                                   rejection_sample_method=info.rejection_sample_method,
+                                   draft_sample_method=info.draft_sample_method)
+        card = ModelCard(id=state.served_model_name, root=str(info.model_path),
+                         max_model_len=info.max_model_len, speculative=spec)
+        return ModelList(data=[card])
+
+    router.include_router(v1)
+
+    @router.get("/health", response_model=HealthResponse,
+                responses={503: {**_ERR, "description": "the engine is dead"}})
+    async def health(request: Request) -> Any:
+        engine = state_of(request).engine
+        if engine.is_dead:
+            return APIError(503, f"the engine is dead: {engine.dead_error}", code="engine_dead").response()
+        return HealthResponse(status="ok")
+
+    @router.get("/metrics", response_class=Response,
+                responses={200: {"description": "Prometheus text exposition",
+                                 "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
+    async def metrics(request: Request) -> Response:
+        state = state_of(request)
+        state.metrics.refresh(state.engine.debug_state())
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @router.get("/version", response_model=VersionResponse)
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
+
+    return router
+

@@ -1,0 +1,159 @@
+"""POST /v1/chat/completions: messages -> the tokenizer's chat template -> engine -> response / SSE.
+
+Streams send each choice's ``{"role": "assistant", "content": ""}`` delta first, then content deltas,
+then a chunk with the finish reason (and, when asked, a usage chunk with no choices).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from engine.types import Logprob
+from server.errors import bad_request
+from server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
+                             ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
+                             ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob)
+from server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, Generation,
+                            GenerationStreamResponse, ServerState, check_failed, check_text,
+                            clamp_logprob, new_request_id, sampling_params, sse, sse_error, tokenize,
+                            until_disconnect)
+
+
+def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: content always a string (text parts joined)."""
+    out = []
+    for i, msg in enumerate(req.messages):
+        content = msg.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"messages[{i}]: only text content parts are supported "
+                                      f"(got type {part.type!r})", f"messages.{i}.content")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        entry: dict[str, Any] = {"role": msg.role, "content": check_text(content or "", "messages")}
+        if msg.name is not None:
+            entry["name"] = msg.name
+        out.append(entry)
+    return out
+
+
+def _check_supported(req: ChatCompletionRequest) -> None:
+    if req.tools and req.tool_choice != "none":
+        raise bad_request("tool calling is not supported by this server", "tools")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    if req.add_generation_prompt and req.continue_final_message:
+        raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
+                          "continue_final_message")
+
+
+def _prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], str]:
+    if not getattr(state.tokenizer, "chat_template", None):
+        raise bad_request("this model's tokenizer has no chat template; use /v1/completions", "messages")
+    messages = _message_dicts(req)
+    kwargs = dict(req.chat_template_kwargs or {})
+    kwargs.update(tokenize=False, add_generation_prompt=req.add_generation_prompt,
+                  continue_final_message=req.continue_final_message)
+    try:
+        text = state.tokenizer.apply_chat_template(messages, **kwargs)
+    except Exception as e:  # noqa: BLE001 - template errors are the request's fault (roles, kwargs)
+        raise bad_request(f"the chat template could not render these messages: {e}", "messages") from None
+    if not isinstance(text, str):
+        raise bad_request("chat_template_kwargs must not change the template's output type",
+                          "chat_template_kwargs")
+    return tokenize(state, text, "messages", add_special_tokens=False), text
+
+
+def _logprobs(state: ServerState, lps: list[Logprob]) -> ChatChoiceLogprobs:
+    tt = state.token_text
+    return ChatChoiceLogprobs(content=[
+        ChatLogprobEntry(token=tt.text(lp.token_id), logprob=clamp_logprob(lp.logprob),
+                         bytes=tt.bytes(lp.token_id),
+                         top_logprobs=[TopLogprob(token=tt.text(t), logprob=clamp_logprob(v),
+                                                  bytes=tt.bytes(t)) for t, v in lp.top])
+        for lp in lps])
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
+                                 http: Request) -> ChatCompletionResponse | Response:
+    state.check_model(req.model)
+    _check_supported(req)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(state, req, max_tokens=max_tokens, logprobs=logprobs)
+    ids, text = _prompt(state, req)
+    request_id = new_request_id("chatcmpl")
+    gen = await Generation.start(state, request_id, [(ids, text)], params)
+    if req.stream:
+        return GenerationStreamResponse(_stream(state, req, gen, request_id), gen.close)
+    try:
+        finals = await until_disconnect(http, gen.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await gen.close()
+    out = finals[0]
+    choices = []
+    for comp in out.outputs:
+        check_failed(comp)
+        choices.append(ChatChoice(
+            index=comp.index, message=ChatResponseMessage(content=comp.text),
+            logprobs=_logprobs(state, comp.logprobs or []) if req.logprobs else None,
+            finish_reason=str(comp.finish_reason), stop_reason=comp.stop_reason,
+            token_ids=list(comp.token_ids) if req.return_token_ids else None))
+    choices.sort(key=lambda c: c.index)
+    return ChatCompletionResponse(id=request_id, model=state.served_model_name, choices=choices,
+                                  usage=gen.usage(),
+                                  prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None)
+
+
+async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generation,
+                  request_id: str) -> AsyncIterator[str]:
+    created = int(time.time())
+    opts = req.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = include_usage and bool(opts and opts.continuous_usage_stats)
+
+    def chunk(choices: list[ChatStreamChoice], with_usage: bool, prompt_ids: Any = None) -> str:
+        body = ChatCompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
+                                            choices=choices, usage=gen.usage() if with_usage else None,
+                                            prompt_token_ids=prompt_ids)
+        return sse(body.model_dump_json())
+
+    cursors = [ChoiceCursor() for _ in range(req.n)]
+    roles = [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+             for i in range(req.n)]
+    yield chunk(roles, continuous,
+                gen.items[0].prompt_ids if req.return_token_ids else None)
+    try:
+        async for _, out in gen.outputs():
+            choices = []
+            for comp in out.outputs:
+                check_failed(comp)
+                cursor = cursors[comp.index]
+                if cursor.done:
+                    continue
+                text, ids, lps = cursor.advance(comp)
+                if not (text or ids or cursor.done):
+                    continue
+                choices.append(ChatStreamChoice(
+                    index=comp.index, delta=DeltaMessage(content=text) if text else DeltaMessage(),
+                    logprobs=_logprobs(state, lps) if req.logprobs else None,
+                    finish_reason=str(comp.finish_reason) if cursor.done else None,
+                    stop_reason=comp.stop_reason if cursor.done else None,
+                    token_ids=ids if req.return_token_ids else None))
+            if choices:
+                yield chunk(choices, continuous)
+        if include_usage:
+            yield chunk([], True)
+    except Exception as e:  # noqa: BLE001 - any failure becomes an error event, then [DONE]
+        yield sse_error(e)
+    yield SSE_DONE

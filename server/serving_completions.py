@@ -1,0 +1,158 @@
+"""POST /v1/completions: prompts (text or token ids) -> engine -> a response or an SSE stream.
+
+Choice ``i`` of prompt ``p`` gets index ``p * n + i`` (OpenAI's order for list prompts).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from engine.types import Logprob, RequestOutput
+from server.errors import bad_request
+from server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                             CompletionStreamResponse)
+from server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, Generation,
+                            GenerationStreamResponse, ServerState, check_failed, clamp_logprob,
+                            new_request_id, sampling_params, sse, sse_error, tokenize, until_disconnect)
+
+
+def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], Optional[str]]]:
+    """(token ids, text) per prompt; text is None for token-id prompts (decoded only for echo)."""
+    raw = req.prompt
+    if isinstance(raw, str):
+        return [(tokenize(state, raw, "prompt", req.add_special_tokens), raw)]
+    if not raw:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(raw[0], str):
+        return [(tokenize(state, p, "prompt", req.add_special_tokens), p) for p in raw]
+    if isinstance(raw[0], int):
+        return [(list(raw), None)]
+    if any(not ids for ids in raw):
+        raise bad_request("token-id prompts must not be empty", "prompt")
+    return [(list(ids), None) for ids in raw]
+
+
+def _check_supported(req: CompletionRequest) -> None:
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported by this server", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of must equal n (got best_of={req.best_of}, n={req.n}): "
+                          "choosing the best of several samples is not supported", "best_of")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported: prompt logprobs are not "
+                          "computed", "echo")
+
+
+def _logprobs(state: ServerState, lps: list[Logprob], offset: int) -> CompletionLogprobs:
+    """The legacy completions logprobs block for ``lps``; text offsets start at ``offset``."""
+    block = CompletionLogprobs()
+    for lp in lps:
+        text = state.token_text.text(lp.token_id)
+        block.tokens.append(text)
+        block.token_logprobs.append(clamp_logprob(lp.logprob))
+        block.top_logprobs.append({state.token_text.text(t): clamp_logprob(v) for t, v in lp.top})
+        block.text_offset.append(offset)
+        offset += len(text)
+    return block
+
+
+class _Echo:
+    """Prompt text per prompt index (decoded lazily from ids for token-id prompts)."""
+
+    def __init__(self, state: ServerState, prompts: list[tuple[list[int], Optional[str]]]):
+        self._state = state
+        self._prompts = prompts
+
+    def text(self, index: int) -> str:
+        ids, text = self._prompts[index]
+        return text if text is not None else self._state.tokenizer.decode(ids)
+
+
+async def create_completion(state: ServerState, req: CompletionRequest,
+                            http: Request) -> CompletionResponse | Response:
+    state.check_model(req.model)
+    _check_supported(req)
+    params = sampling_params(state, req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+    prompts = _prompts(state, req)
+    request_id = new_request_id("cmpl")
+    gen = await Generation.start(state, request_id, prompts, params)
+    echo = _Echo(state, prompts) if req.echo else None
+    if req.stream:
+        return GenerationStreamResponse(_stream(state, req, gen, request_id, echo), gen.close)
+    try:
+        finals = await until_disconnect(http, gen.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await gen.close()
+    return _full_response(state, req, request_id, finals, gen, echo)
+
+
+def _full_response(state: ServerState, req: CompletionRequest, request_id: str,
+                   finals: list[RequestOutput], gen: Generation, echo: Optional[_Echo]) -> CompletionResponse:
+    choices = []
+    for p_idx, out in enumerate(finals):
+        prefix = echo.text(p_idx) if echo else ""
+        for comp in out.outputs:
+            check_failed(comp)
+            lps = _logprobs(state, comp.logprobs or [], 0) if req.logprobs is not None else None
+            choices.append(CompletionChoice(
+                index=p_idx * req.n + comp.index, text=prefix + comp.text, logprobs=lps,
+                finish_reason=str(comp.finish_reason), stop_reason=comp.stop_reason,
+                prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None,
+                token_ids=list(comp.token_ids) if req.return_token_ids else None))
+    choices.sort(key=lambda c: c.index)
+    return CompletionResponse(id=request_id, model=state.served_model_name, choices=choices,
+                              usage=gen.usage())
+
+
+async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, request_id: str,
+                  echo: Optional[_Echo]) -> AsyncIterator[str]:
+    created = int(time.time())
+    opts = req.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = include_usage and bool(opts and opts.continuous_usage_stats)
+    cursors: dict[int, ChoiceCursor] = {}
+    offsets: dict[int, int] = {}
+
+    def chunk(choices: list[CompletionChoice], with_usage: bool) -> str:
+        body = CompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
+                                        choices=choices, usage=gen.usage() if with_usage else None)
+        return sse(body.model_dump_json())
+
+    try:
+        async for p_idx, out in gen.outputs():
+            choices = []
+            for comp in out.outputs:
+                check_failed(comp)
+                index = p_idx * req.n + comp.index
+                cursor = cursors.setdefault(index, ChoiceCursor())
+                if cursor.done:
+                    continue
+                first = cursor.tokens == 0 and cursor.text == 0
+                text, ids, lps = cursor.advance(comp)
+                if not (text or ids or cursor.done):
+                    continue
+                if first and echo:
+                    text = echo.text(p_idx) + text
+                offset = offsets.get(index, 0)
+                block = _logprobs(state, lps, offset) if req.logprobs is not None else None
+                if block:
+                    offsets[index] = offset + sum(len(t) for t in block.tokens)
+                choices.append(CompletionChoice(
+                    index=index, text=text, logprobs=block,
+                    finish_reason=str(comp.finish_reason) if cursor.done else None,
+                    stop_reason=comp.stop_reason if cursor.done else None,
+                    prompt_token_ids=out.prompt_token_ids if first and req.return_token_ids else None,
+                    token_ids=ids if req.return_token_ids else None))
+            if choices:
+                yield chunk(choices, continuous)
+        if include_usage:
+            yield chunk([], True)
+    except Exception as e:  # noqa: BLE001 - any failure becomes an error event, then [DONE]
+        yield sse_error(e)
+    yield SSE_DONE
