@@ -180,7 +180,7 @@ def _describe(engine: Any, name: str, opts: ServerOptions) -> str:
             f"({'API key required on /v1/*' if opts.api_keys else 'no API key'})")
 
 
-def _make_server(app: Any, opts: ServerOptions) -> Any:
+def make_server(app: Any, opts: ServerOptions) -> Any:
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -216,7 +216,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return 2
     app = create_app(engine, served_model_name=opts.served_model_name, api_keys=opts.api_keys,
                      shutdown_timeout=opts.shutdown_timeout)
-    server = _make_server(app, opts)
+    server = make_server(app, opts)
     # uvicorn re-raises the captured signal once it has shut down; with these handlers in place that
     # re-raise is a no-op, so a drained SIGTERM ends with exit status 0.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}

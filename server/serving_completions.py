@@ -54,7 +54,10 @@ def _logprobs(state: ServerState, lps: list[Logprob], offset: int) -> Completion
         text = state.token_text.text(lp.token_id)
         block.tokens.append(text)
         block.token_logprobs.append(clamp_logprob(lp.logprob))
-        block.top_logprobs.append({state.token_text.text(t): clamp_logprob(v) for t, v in lp.top})
+        top: dict[str, float] = {}
+        for t, v in lp.top:  # best first; tokens with the same text (e.g. partial bytes) keep the best
+            top.setdefault(state.token_text.text(t), clamp_logprob(v))
+        block.top_logprobs.append(top)
         block.text_offset.append(offset)
         offset += len(text)
     return block
