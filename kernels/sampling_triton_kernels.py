@@ -1,0 +1,425 @@
+"""Triton kernels for sampling and rejection sampling (the twins of kernels.ref_sampling).
+
+Work is split over (row, vocabulary chunk) programs, so even one request with few drafts fills
+the GPU; each program reads its slice of logits once, in their own dtype, into fp32 registers.
+
+* ``row_pass_kernel`` (grid [rows, chunks]): per chunk, the softmax partials (max ``m`` of
+  ``x = z / T`` and ``s = sum exp(x - m)``), the greedy partial argmax of ``z`` and, where the
+  row needs a sample, the partial exponential race ``argmax (x_i - log E_i)``. Rows with
+  top-k / top-p / min-p are done whole by their chunk-0 program: one max/sum pass, then
+  multi-way threshold bisection passes (NT candidate thresholds per pass, no sort), then the
+  race pass; it writes the kept mass as ``s`` and the threshold to ``row_thr``.
+* ``recover_kernel`` (grid [requests, chunks], probabilistic only): replays the accept test
+  row by row (scalar work), then races the rejected row's residual ``max(p - q, 0)`` over its
+  chunk (only the rejected row's logits and draft-prob row are read).
+* ``finalize_kernel`` (grid [requests]): greedy / strict acceptance, picks the recovered or
+  bonus token and writes the padded output row.
+* ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
+
+Random numbers: see kernels.philox (the same Philox4x32-10 as ``tl.randint``, same key mix).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG_INF = tl.constexpr(float("-inf"))
+BIG_IDX = tl.constexpr(2147483647)
+ONE_BITS_PLUS_1 = tl.constexpr(0x3F800001)  # one past the bits of 1.0, the largest exp(x - max)
+
+
+@triton.jit
+def _uniform(seed, pos, stream, offs):
+    """U(seed, pos, stream, offs) in (0, 1): key mix + tl.randint + exact 23-bit float map."""
+    c = (pos * 4 + stream).to(tl.uint32)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32) ^ (c * 0x9E3779B1)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ (c * 0x85EBCA77)
+    key = (k1.to(tl.uint64) << 32) | k0.to(tl.uint64)
+    r = tl.randint(key, offs)
+    return ((r >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+
+
+@triton.jit
+def _log_e(seed, pos, stream, offs):
+    """log(E) with E = -log U: the race subtracts it from log-weights."""
+    return tl.log(-tl.log(_uniform(seed, pos, stream, offs)))
+
+
+@triton.jit
+def _load_x(row_ptr, offs, msk, T):
+    """x = z / T in fp32 (IEEE division, as torch does it); masked lanes get -inf."""
+    z = tl.load(row_ptr + offs, mask=msk, other=NEG_INF).to(tl.float32)
+    return tl.math.div_rn(z, T)
+
+
+@triton.jit
+def _scaled(row_ptr, offs, msk, T, mx):
+    """(x, e = exp(x - mx)) of a tile; masked lanes get x = -inf, e = 0."""
+    x = _load_x(row_ptr, offs, msk, T)
+    return x, tl.exp(x - mx)
+
+
+@triton.jit
+def _lane_best(score, offs, best, idx):
+    upd = score > best
+    return tl.where(upd, score, best), tl.where(upd, offs, idx)
+
+
+@triton.jit
+def _reduce_best(best, idx):
+    """(value, lowest index achieving it) over lanes."""
+    b = tl.max(best, 0)
+    return b, tl.min(tl.where(best == b, idx, BIG_IDX), 0)
+
+
+@triton.jit
+def _combine_softmax(m_ptr, s_ptr, base, C, CP: tl.constexpr):
+    """Row max and sum of exp(x - max) from per-chunk partials."""
+    i = tl.arange(0, CP)
+    m = tl.load(m_ptr + base + i, mask=i < C, other=NEG_INF)
+    s = tl.load(s_ptr + base + i, mask=i < C, other=0.0)
+    mx = tl.max(m, 0)
+    return mx, tl.sum(tl.where(m == NEG_INF, 0.0, s * tl.exp(m - mx)), 0)
+
+
+@triton.jit
+def _combine_argmax(v_ptr, i_ptr, base, C, CP: tl.constexpr):
+    """(index, value) of the best per-chunk partial; ties -> lowest index."""
+    i = tl.arange(0, CP)
+    v = tl.load(v_ptr + base + i, mask=i < C, other=NEG_INF)
+    ix = tl.load(i_ptr + base + i, mask=i < C, other=BIG_IDX)
+    b, idx = _reduce_best(v, ix)
+    return idx, b
+
+
+@triton.jit
+def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, BP: tl.constexpr):
+    """(request, index j within the request, k_b) of a logits row."""
+    if HAS_CU:
+        bi = tl.arange(0, BP)
+        cu = tl.load(cu_ptr + bi, mask=bi <= B, other=BIG_IDX - BP)
+        starts = cu + bi                                       # first row of each request
+        req = tl.sum(tl.where((starts <= row) & (bi < B), 1, 0), 0) - 1
+        c0 = tl.load(cu_ptr + req)
+        k = tl.load(cu_ptr + req + 1) - c0
+        j = row - (c0 + req)
+    else:
+        req = row
+        j = row * 0
+        k = row * 0
+    return req, j, k
+
+
+@triton.jit
+def _row_max_sum(row_ptr, V: tl.constexpr, T, BLOCK: tl.constexpr):
+    """Whole-row max of x and sum of exp(x - max), online over tiles."""
+    m = tl.full([], NEG_INF, tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = _load_x(row_ptr, offs, offs < V, T)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
+        m = m_new
+    return m, s
+
+
+@triton.jit
+def _search(row_ptr, V: tl.constexpr, T, mx, lo, lo_mass, k, target, BY_MASS: tl.constexpr,
+            NT: tl.constexpr, SBLOCK: tl.constexpr):
+    """Largest threshold t (as fp32 bits, >= lo) with count(e >= t) >= k, or with
+    mass(e >= t) >= target when BY_MASS. NT candidate thresholds per pass over the row.
+    Returns (bits, mass of e >= t)."""
+    hi = tl.full([], ONE_BITS_PLUS_1, tl.int32)
+    jn = tl.arange(0, NT)
+    while hi - lo > 1:
+        span = (hi - lo).to(tl.int64)
+        cand = lo + ((span * (jn + 1)) // (NT + 1)).to(tl.int32)          # [NT] increasing
+        cf = cand.to(tl.float32, bitcast=True)
+        cnt = tl.zeros([NT], tl.int32)
+        mass = tl.zeros([NT], tl.float32)
+        for start in range(0, V, SBLOCK):
+            offs = start + tl.arange(0, SBLOCK)
+            msk = offs < V
+            _x, e = _scaled(row_ptr, offs, msk, T, mx)
+            e = tl.where(msk, e, -1.0)
+            ge = e[:, None] >= cf[None, :]                                 # [SBLOCK, NT]
+            cnt += tl.sum(ge.to(tl.int32), 0)
+            mass += tl.sum(tl.where(ge, e[:, None], 0.0), 0)
+        if BY_MASS:
+            ok = mass >= target
+        else:
+            ok = cnt >= k
+        new_lo = tl.max(tl.where(ok, cand, lo), 0)
+        new_mass = tl.max(tl.where(ok & (cand == new_lo), mass, -1.0), 0)
+        lo_mass = tl.where(new_lo > lo, new_mass, lo_mass)
+        hi = tl.min(tl.where(ok, hi, cand), 0)
+        lo = new_lo
+    return lo, lo_mass
+
+
+@triton.jit
+def _mass_above(row_ptr, V: tl.constexpr, T, mx, thr, BLOCK: tl.constexpr):
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        _x, e = _scaled(row_ptr, offs, offs < V, T, mx)
+        acc += tl.where(e >= thr, e, 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _filtered_row(row_ptr, V: tl.constexpr, T, top_k, top_p, min_p, k_on, p_on, m_on,
+                  BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr):
+    """(max x, threshold on e, kept mass) of a row with top-k / top-p / min-p."""
+    mx, s0 = _row_max_sum(row_ptr, V, T, BLOCK)
+    bits = tl.full([], 0, tl.int32)
+    mass = s0
+    if k_on:
+        bits, mass = _search(row_ptr, V, T, mx, bits, mass, top_k, 0.0, False, NT, SBLOCK)
+    if p_on:
+        bits, mass = _search(row_ptr, V, T, mx, bits, mass, 0, top_p * mass, True, NT, SBLOCK)
+    thr = bits.to(tl.float32, bitcast=True)
+    if m_on:
+        if min_p > thr:
+            thr = min_p
+            mass = _mass_above(row_ptr, V, T, mx, thr, BLOCK)
+    return mx, thr, mass
+
+
+@triton.jit
+def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, pos, stream, BLOCK: tl.constexpr):
+    """Race over [lo, hi) of kept tokens (e >= thr): (best score, index)."""
+    best = tl.full([BLOCK], NEG_INF, tl.float32)
+    idx = lo + tl.arange(0, BLOCK)
+    for start in range(lo, hi, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x, e = _scaled(row_ptr, offs, offs < hi, T, mx)
+        sc = tl.where(e >= thr, x - _log_e(seed, pos, stream, offs), NEG_INF)
+        best, idx = _lane_best(sc, offs, best, idx)
+    return _reduce_best(best, idx)
+
+
+@triton.jit
+def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race, BLOCK: tl.constexpr):
+    """Unfiltered chunk: softmax partials, greedy partial argmax, optional race partial."""
+    m = tl.full([], NEG_INF, tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    g_best = tl.full([BLOCK], NEG_INF, tl.float32)
+    g_idx = lo + tl.arange(0, BLOCK)
+    r_best = tl.full([BLOCK], NEG_INF, tl.float32)
+    r_idx = lo + tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+        msk = offs < hi
+        z = tl.load(row_ptr + offs, mask=msk, other=NEG_INF).to(tl.float32)
+        g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
+        x = tl.math.div_rn(z, T)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
+        m = m_new
+        if need_race:
+            r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, offs), offs, r_best, r_idx)
+    g_v, g_i = _reduce_best(g_best, g_idx)
+    r_v, r_i = _reduce_best(r_best, r_idx)
+    return m, s, g_v, g_i, r_v, r_i
+
+
+@triton.jit
+def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, B,
+                    temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
+                    part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
+                    stream, HAS_CU: tl.constexpr, RACE_ALL: tl.constexpr, BP: tl.constexpr,
+                    BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, BP)
+    T = tl.load(temp_ptr + req)
+    top_k = tl.load(topk_ptr + req)
+    top_p = tl.load(topp_ptr + req)
+    min_p = tl.load(minp_ptr + req)
+    seed = tl.load(seed_ptr + req)
+    pos = tl.load(pos_ptr + req) + j
+    sampled = T != 0.0
+    T = tl.where(sampled, T, 1.0)
+    k_on = (top_k > 0) & (top_k < V) & sampled
+    p_on = (top_p < 1.0) & sampled
+    m_on = (min_p > 0.0) & sampled
+    if RACE_ALL:
+        need_race = sampled
+    else:
+        need_race = sampled & (j == k_b)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride
+    out = row * C + c
+    if k_on | p_on | m_on:
+        m = tl.full([], NEG_INF, tl.float32)
+        s = tl.full([], 0.0, tl.float32)
+        r_v = tl.full([], NEG_INF, tl.float32)
+        r_i = tl.full([], BIG_IDX, tl.int32)
+        if c == 0:
+            m, thr, s = _filtered_row(row_ptr, V, T, top_k, top_p, min_p, k_on, p_on, m_on,
+                                      BLOCK, NT, SBLOCK)
+            tl.store(row_thr + row, thr)
+            if need_race:
+                r_v, r_i = _race_range(row_ptr, 0, V, T, m, thr, seed, pos, stream, BLOCK)
+        g_v = tl.full([], NEG_INF, tl.float32)
+        g_i = tl.full([], BIG_IDX, tl.int32)
+    else:
+        lo = c * CHUNK
+        hi = tl.minimum(lo + CHUNK, V)
+        m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, CHUNK // BLOCK, T, seed, pos,
+                                               stream, need_race, BLOCK)
+        if c == 0:
+            tl.store(row_thr + row, 0.0)
+    tl.store(part_m + out, m)
+    tl.store(part_s + out, s)
+    tl.store(part_rv + out, r_v)
+    tl.store(part_ri + out, r_i)
+    tl.store(part_gv + out, g_v)
+    tl.store(part_gi + out, g_i)
+
+
+@triton.jit
+def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr, V,
+                  part_m, part_s, row_thr, HAS_Q: tl.constexpr, CP: tl.constexpr):
+    """Probabilistic test, row by row: accept x_j iff U(ACCEPT) * q_j(x_j) < p_j(x_j)."""
+    n = tl.full([], 0, tl.int32)
+    go = k_b > 0
+    while go:
+        row = row0 + n
+        mx, S = _combine_softmax(part_m, part_s, row * C, C, CP)
+        thr = tl.load(row_thr + row)
+        xj = tl.load(drafts_ptr + c0 + n)
+        z = tl.load(logits_ptr + row.to(tl.int64) * stride + xj).to(tl.float32)
+        e = tl.exp(tl.math.div_rn(z, T) - mx)
+        px = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+        if HAS_Q:
+            qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)
+        else:
+            qx = 1.0
+        u = _uniform(seed, pos0 + n, 2, tl.full([], 0, tl.int32))
+        ok = u * qx < px
+        n = n + ok.to(tl.int32)
+        go = ok & (n < k_b)
+    return n
+
+
+@triton.jit
+def recover_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, drafts_ptr, q_ptr, temp_ptr,
+                   seed_ptr, pos_ptr, part_m, part_s, row_thr,
+                   rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr,
+                   HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    T = tl.load(temp_ptr + b)
+    if T != 0.0:
+        c0 = tl.load(cu_ptr + b)
+        k_b = tl.load(cu_ptr + b + 1) - c0
+        row0 = c0 + b
+        seed = tl.load(seed_ptr + b)
+        pos0 = tl.load(pos_ptr + b)
+        n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr,
+                          V, part_m, part_s, row_thr, HAS_Q, CP)
+        if c == 0:
+            tl.store(n_acc_ptr + b, n)
+        if n < k_b:
+            row = row0 + n
+            mx, S = _combine_softmax(part_m, part_s, row * C, C, CP)
+            thr = tl.load(row_thr + row)
+            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
+            q_row = q_ptr + (c0 + n).to(tl.int64) * V
+            row_ptr = logits_ptr + row.to(tl.int64) * stride
+            lo = c * CHUNK
+            hi = tl.minimum(lo + CHUNK, V)
+            b1 = tl.full([BLOCK], NEG_INF, tl.float32)
+            i1 = lo + tl.arange(0, BLOCK)
+            b2 = tl.full([BLOCK], NEG_INF, tl.float32)
+            i2 = lo + tl.arange(0, BLOCK)
+            for t in range(0, CHUNK // BLOCK):
+                offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+                msk = offs < hi
+                _x, e = _scaled(row_ptr, offs, msk, T, mx)
+                p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+                if HAS_Q:
+                    qv = tl.load(q_row + offs, mask=msk, other=0.0)
+                else:
+                    qv = tl.where(offs == xj, 1.0, 0.0)
+                le = _log_e(seed, pos0 + n, 3, offs)
+                b1, i1 = _lane_best(tl.log(tl.maximum(p - qv, 0.0)) - le, offs, b1, i1)
+                b2, i2 = _lane_best(tl.log(p) - le, offs, b2, i2)
+            v1, j1 = _reduce_best(b1, i1)
+            v2, j2 = _reduce_best(b2, i2)
+            tl.store(rec_v1 + b * C + c, v1)
+            tl.store(rec_i1 + b * C + c, j1)
+            tl.store(rec_v2 + b * C + c, v2)
+            tl.store(rec_i2 + b * C + c, j2)
+
+
+@triton.jit
+def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, part_gi,
+                    rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr, out_ptr, W, C,
+                    STRICT: tl.constexpr, CP: tl.constexpr, WP: tl.constexpr):
+    b = tl.program_id(0)
+    T = tl.load(temp_ptr + b)
+    greedy = T == 0.0
+    c0 = tl.load(cu_ptr + b)
+    k_b = tl.load(cu_ptr + b + 1) - c0
+    row0 = c0 + b
+    if greedy | STRICT:
+        # accept while the draft equals the target's argmax (greedy) or own sample (strict)
+        n = tl.full([], 0, tl.int32)
+        go = k_b > 0
+        while go:
+            tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP)
+            tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
+            t = tl.where(greedy, tg, tr)
+            ok = t.to(tl.int64) == tl.load(drafts_ptr + c0 + n)
+            n = n + ok.to(tl.int32)
+            go = ok & (n < k_b)
+        tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP)
+        tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
+        tok = tl.where(greedy, tg, tr)
+    else:
+        n = tl.load(n_acc_ptr + b)
+        tok, _vb = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)   # bonus (SAMPLE)
+        if n < k_b:
+            j1, v1 = _combine_argmax(rec_v1, rec_i1, b * C, C, CP)
+            j2, _v2 = _combine_argmax(rec_v2, rec_i2, b * C, C, CP)
+            tok = tl.where(v1 == NEG_INF, j2, j1)
+    cols = tl.arange(0, WP)
+    dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
+    val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))
+    tl.store(out_ptr + b.to(tl.int64) * W + cols, val, mask=cols < W)
+
+
+@triton.jit
+def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, temp_ptr, part_m, part_s, part_rv,
+                        part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
+                        STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    T = tl.load(temp_ptr + b)
+    greedy = T == 0.0
+    tg, _vg = _combine_argmax(part_gv, part_gi, b * C, C, CP)
+    tr, _vr = _combine_argmax(part_rv, part_ri, b * C, C, CP)
+    tok = tl.where(greedy, tg, tr)
+    if c == 0:
+        tl.store(tok_ptr + b, tok.to(tl.int64))
+    if STORE:
+        mx, S = _combine_softmax(part_m, part_s, b * C, C, CP)
+        thr = tl.load(row_thr + b)
+        Ts = tl.where(greedy, 1.0, T)
+        row_ptr = logits_ptr + b.to(tl.int64) * stride
+        q_row = q_ptr + b.to(tl.int64) * V
+        lo = c * CHUNK
+        hi = tl.minimum(lo + CHUNK, V)
+        for t in range(0, CHUNK // BLOCK):
+            offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+            msk = offs < hi
+            _x, e = _scaled(row_ptr, offs, msk, Ts, mx)
+            p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+            q = tl.where(greedy, tl.where(offs == tok, 1.0, 0.0), p)
+            tl.store(q_row + offs, q, mask=msk)

@@ -1,0 +1,163 @@
+"""Triton sampling and rejection sampling: same signatures and semantics as kernels.ref_sampling.
+
+The semantics (distribution, random numbers, acceptance rules) are documented in
+:mod:`kernels.ref_sampling` and :mod:`kernels.philox`; the kernels are in
+:mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
+``rejection_sample`` 3 (probabilistic) or 2 (strict). No host synchronisation: the output width
+of ``rejection_sample`` comes from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens``
+(see :func:`kernels.ref_sampling.rejection_sample`).
+
+Bytes read per verification step (V-wide rows, logits in their own dtype):
+every target row once (all chunks of a row together read it once), plus, for probabilistic
+verification, the rejected row's logits again (usually from L2) and its draft-prob row (fp32);
+draft-prob rows of accepted tokens are read at one element each. Top-k / top-p rows add one
+read per bisection pass (about 8 with NT = 16), done by one program per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from kernels import sampling_triton_kernels as K
+from kernels.philox import DRAFT, SAMPLE
+from kernels.ref_sampling import _max_drafts
+
+NT = 16       # candidate thresholds per bisection pass
+SBLOCK = 256  # vocabulary tile of a bisection pass ([SBLOCK, NT] comparisons)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tiling of the vocabulary: BLOCK elements per tile, CHUNK per program, C chunks per row."""
+
+    block: int
+    chunk: int
+    num_chunks: int
+    num_warps: int
+
+
+def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = None,
+         chunk: Optional[int] = None) -> Plan:
+    """Pick tile and chunk sizes: enough (row, chunk) programs to fill the device."""
+    if block is None:
+        block = 1024 if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
+    if chunk is None:
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            want = max(1, min(triton.cdiv(4 * sms, max(rows, 1)), triton.cdiv(vocab, block)))
+        else:
+            want = 1
+        chunk = triton.cdiv(triton.cdiv(vocab, want), block) * block
+    chunk = max(block, triton.cdiv(chunk, block) * block)
+    return Plan(block, chunk, triton.cdiv(vocab, chunk), 4 if block <= 1024 else 8)
+
+
+class _Partials:
+    """Per (row, chunk) partial results of row_pass_kernel."""
+
+    def __init__(self, rows: int, num_chunks: int, device: torch.device):
+        n = rows * num_chunks
+        f32 = dict(device=device, dtype=torch.float32)
+        i32 = dict(device=device, dtype=torch.int32)
+        self.m, self.s = torch.empty(n, **f32), torch.empty(n, **f32)
+        self.rv, self.ri = torch.empty(n, **f32), torch.empty(n, **i32)
+        self.gv, self.gi = torch.empty(n, **f32), torch.empty(n, **i32)
+        self.thr = torch.empty(max(rows, 1), **f32)
+
+
+def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, positions):
+    return (temperature.to(device=dev, dtype=torch.float32),
+            top_k.to(device=dev, dtype=torch.int32),
+            top_p.to(device=dev, dtype=torch.float32),
+            min_p.to(device=dev, dtype=torch.float32),
+            seeds.to(device=dev, dtype=torch.int64),
+            positions.to(device=dev, dtype=torch.int64))
+
+
+def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
+              stream: int, has_cu: bool, race_all: bool) -> _Partials:
+    rows, vocab = logits.shape
+    part = _Partials(rows, pl.num_chunks, logits.device)
+    K.row_pass_kernel[(rows, pl.num_chunks)](
+        logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
+        part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
+        HAS_CU=has_cu, RACE_ALL=race_all, BP=triton.next_power_of_2(num_reqs + 1),
+        BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), num_warps=pl.num_warps)
+    return part
+
+
+def _rowwise(logits: torch.Tensor) -> torch.Tensor:
+    return logits if logits.stride(-1) == 1 else logits.contiguous()
+
+
+def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
+                 positions: torch.Tensor, store_probs: bool, *, block: Optional[int] = None,
+                 chunk: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``); see ref_sampling."""
+    logits = _rowwise(logits)
+    b, vocab = logits.shape
+    dev = logits.device
+    tokens = torch.empty(b, dtype=torch.int64, device=dev)
+    q = torch.empty(b, vocab, dtype=torch.float32, device=dev) if store_probs else None
+    if b == 0:
+        return tokens, q
+    pl = plan(vocab, b, dev, block, chunk)
+    params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
+    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race_all=True)
+    grid = (b, pl.num_chunks if store_probs else 1)
+    K.draft_finish_kernel[grid](
+        logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
+        part.rv, part.ri, part.gv, part.gi, part.thr, tokens, q if store_probs else tokens,
+        STORE=store_probs, CP=triton.next_power_of_2(pl.num_chunks), BLOCK=pl.block,
+        num_warps=pl.num_warps)
+    return tokens, q
+
+
+def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                     draft_token_ids: torch.Tensor, draft_probs: Optional[torch.Tensor],
+                     temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                     method: str, max_num_draft_tokens: Optional[int] = None, *,
+                     block: Optional[int] = None, chunk: Optional[int] = None) -> torch.Tensor:
+    """[B, max_k + 1] int64: accepted drafts, one recovered/bonus token, -1 padding.
+
+    A draft token with draft probability 0 is treated as rejected (the reference raises).
+    """
+    if method not in ("probabilistic", "strict"):
+        raise ValueError(f"unknown rejection method {method!r}")
+    logits = _rowwise(target_logits)
+    rows, vocab = logits.shape
+    dev = logits.device
+    width = _max_drafts(cu_num_draft_tokens, max_num_draft_tokens) + 1
+    num_reqs = cu_num_draft_tokens.numel() - 1
+    out = torch.empty(num_reqs, width, dtype=torch.int64, device=dev)
+    if num_reqs == 0:
+        return out
+    cu = cu_num_draft_tokens.to(device=dev, dtype=torch.int32)
+    drafts = draft_token_ids.to(device=dev, dtype=torch.int64)
+    if drafts.numel() == 0:
+        drafts = torch.zeros(1, dtype=torch.int64, device=dev)
+    params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
+    pl = plan(vocab, rows, dev, block, chunk)
+    cp = triton.next_power_of_2(pl.num_chunks)
+    strict = method == "strict"
+    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race_all=strict)
+    n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
+    rec = [torch.empty(num_reqs * pl.num_chunks, device=dev,
+                       dtype=torch.float32 if i % 2 == 0 else torch.int32) for i in range(4)]
+    if not strict:
+        has_q = draft_probs is not None and draft_probs.numel() > 0
+        q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
+        K.recover_kernel[(num_reqs, pl.num_chunks)](
+            logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, drafts, q, params[0],
+            params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
+            HAS_Q=has_q, CP=cp, BLOCK=pl.block, num_warps=pl.num_warps)
+    K.finalize_kernel[(num_reqs,)](
+        cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,
+        pl.num_chunks, STRICT=strict, CP=cp, WP=triton.next_power_of_2(width), num_warps=1)
+    return out
