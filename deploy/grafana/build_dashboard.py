@@ -66,7 +66,8 @@ def panel(kind: str, title: str, description: str, targets: list[tuple[str, str]
     refs = "ABCDEFGH"
     defaults: dict[str, Any] = {"unit": unit, **field}
     options: dict[str, Any] = {"tooltip": {"mode": "multi", "sort": "desc"},
-                               "legend": {"displayMode": "list", "placement": "bottom"}}
+                               "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom",
+                                          "calcs": []}}
     if kind == "stat":
         options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                    "colorMode": "value", "graphMode": "area", "textMode": "auto"}
@@ -207,7 +208,7 @@ def variables() -> list[dict]:
 
     def label_var(name: str, label: str, query: str) -> dict:
         return {"name": name, "label": label, "type": "query", "datasource": ds,
-                "query": {"query": query, "refId": f"{name}-var"}, "definition": query,
+                "query": {"query": query, "refId": f"{name}-var"},
                 "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "sort": 1,
                 "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 

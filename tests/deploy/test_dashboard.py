@@ -10,11 +10,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.deploy._tools import (DASHBOARD, ROOT, as_rule_file, concrete, dashboard,
-                                 dashboard_queries, find_tool, run)
+                                 dashboard_queries, find_tool, missing, run)
 
 # The metric names fixed by the engine author (server/metrics.py exports them).
 COUNTERS = {"spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
@@ -151,3 +152,38 @@ def test_acceptance_length_formula(title: str) -> None:
     expr = p["targets"][0]["expr"]
     assert expr.startswith("1 + sum by (model_name) (rate(specserve:spec_decode_num_accepted_tokens_total")
     assert "specserve:spec_decode_num_drafts_total" in expr.split("/")[1]
+
+
+def _lost_in_round_trip(ours: Any, back: Any, path: str = "") -> list[str]:
+    """Keys or values of ``ours`` that the Grafana schema dropped or changed (defaults it adds are fine)."""
+    if isinstance(ours, dict) and isinstance(back, dict):
+        lost = [f"{path}/{k} dropped" for k in ours if k not in back]
+        return lost + [x for k in ours if k in back for x in _lost_in_round_trip(ours[k], back[k], f"{path}/{k}")]
+    if isinstance(ours, list) and isinstance(back, list) and len(ours) == len(back):
+        return [x for i, (a, b) in enumerate(zip(ours, back)) for x in _lost_in_round_trip(a, b, f"{path}[{i}]")]
+    return [] if ours == back else [f"{path}: {ours!r} became {back!r}"]
+
+
+def test_grafana_11_schema_round_trip() -> None:
+    """Grafana's own typed models (grafana-foundation-sdk 11.6) read every field we write."""
+    import json
+
+    try:
+        from grafana_foundation_sdk.cog import plugins
+        from grafana_foundation_sdk.cog.encoder import JSONEncoder
+        from grafana_foundation_sdk.models import dashboard as gd
+        from grafana_foundation_sdk.models import prometheus
+    except ImportError:
+        missing("grafana-foundation-sdk (pip install 'grafana-foundation-sdk==1769699379!11.6.0')")
+    plugins.register_default_plugins()
+    ours = dashboard()
+    model = gd.Dashboard.from_json(ours)
+    back = json.loads(json.dumps(model, cls=JSONEncoder))
+    assert _lost_in_round_trip(ours, back) == []
+    queries = [t for p in model.panels if isinstance(p, gd.Panel) for t in p.targets or []]
+    assert len(queries) == len(dashboard_queries())
+    assert all(isinstance(q, prometheus.Dataquery) for q in queries)
+    # and the check bites: a misspelt key is dropped by the schema
+    ours["panels"][1]["fieldConfg"] = {}
+    back = json.loads(json.dumps(gd.Dashboard.from_json(ours), cls=JSONEncoder))
+    assert _lost_in_round_trip(ours, back) == ["/panels[1]/fieldConfg dropped"]
