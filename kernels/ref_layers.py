@@ -40,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
     x32 = x.float()
     inv = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # [N, 1]
-    return weight * (x32 * inv).to(x.dtype)
+    return (weight * (x32 * inv).to(x.dtype)).to(x.dtype)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

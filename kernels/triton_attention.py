@@ -1,0 +1,253 @@
+"""Triton paged attention for ragged batches: prefill chunks, decodes and k+1 verifications in one launch.
+
+Twin of :func:`kernels.ref_layers.paged_attention` (same signature, same cache layout).
+
+Work decomposition. Each request's query rows are cut into tiles of ``BLOCK_Q`` tokens; a tile
+holds those tokens for all ``G = Hq / Hk`` query heads that share one KV head, so a program works
+on ``BLOCK_M = BLOCK_Q * G_PAD`` rows against one KV head (GQA costs no extra K/V reads, and a
+decode token's G heads fill the rows of one tensor-core tile). Tiles are numbered without a host
+sync: request ``r``'s tiles start at ``query_start_loc[r] // BLOCK_Q + r``, so
+``num_tokens // BLOCK_Q + num_reqs`` programs cover every request and each program finds its
+request by binary search over ``query_start_loc``. Programs past a request's last tile exit.
+
+Each program walks the context in ``BLOCK_N``-token steps, looking up every token's block in the
+block table, with an online (flash) softmax in fp32 and a causal mask on absolute positions.
+For decode-heavy batches with few programs, the context is split over ``NUM_SPLITS`` programs
+(split-KV): each writes an unnormalised partial (acc, max, sum) and a second kernel merges them.
+All launch parameters come from tensor shapes and the caller's host-side bounds
+(``max_query_len``, ``max_seq_len``); nothing is read back from the device.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+_MIN_TOKENS_PER_SPLIT = 256
+
+
+@triton.jit
+def _find_request(query_start_loc, tile, num_reqs, BLOCK_Q: tl.constexpr):
+    """The last request r with query_start_loc[r] // BLOCK_Q + r <= tile (binary search)."""
+    lo = 0
+    hi = num_reqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(query_start_loc + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_base, d_ok, scale,
+                 stride_kb, stride_ks, stride_vb, stride_vs,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step over context positions [start_n, start_n + BLOCK_N) ∩ [0, kv_hi)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)                    # [BLOCK_N] absolute positions
+    n_ok = offs_n < kv_hi
+    block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+    in_block = offs_n % BLOCK_SIZE
+    kv_mask = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_base + block[:, None] * stride_kb + in_block[:, None] * stride_ks,
+                mask=kv_mask, other=0.0)                        # [BLOCK_N, D_PAD]
+    v = tl.load(v_base + block[:, None] * stride_vb + in_block[:, None] * stride_vs,
+                mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale      # [BLOCK_M, BLOCK_N]
+    visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # rows that saw nothing yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])                             # [BLOCK_M, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    ws_acc_ptr, ws_ml_ptr,
+    scale, num_reqs, num_tokens,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_bt,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    q_tile = tile - (q_start // BLOCK_Q + req)
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    context = seq_len - q_len                                   # tokens cached before this step
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = q_tile * BLOCK_Q + offs_m // GROUP_PAD                # [BLOCK_M] query index in request
+    head_in_group = offs_m % GROUP_PAD
+    head = kv_head * GROUP + head_in_group                      # [BLOCK_M] query head
+    row_ok = (tok < q_len) & (head_in_group < GROUP)
+    q_pos = context + tok                                       # [BLOCK_M] absolute position
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+
+    row = (q_start + tok).to(tl.int64)
+    q_ptrs = q_ptr + row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, D_PAD]
+
+    # context this tile needs, then this split's share of it (whole BLOCK_N steps)
+    kv_end = tl.minimum(seq_len, context + (q_tile + 1) * BLOCK_Q)
+    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * per_split
+    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    table_row = block_tables_ptr + req.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh + offs_d[None, :] * stride_kd
+    v_base = v_cache_ptr + kv_head * stride_vh + offs_d[None, :] * stride_vd
+    if WHILE_LOOP:  # the CPU interpreter cannot run `range` over device scalars
+        start_n = kv_lo
+        while start_n < kv_hi:
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_base, d_ok, scale,
+                stride_kb, stride_ks, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PRECISION)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(kv_lo, kv_hi, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_base, d_ok, scale,
+                stride_kb, stride_ks, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PRECISION)
+
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # workspace: acc [NUM_SPLITS, num_tokens, Hq, D_PAD], (m, l) [2, NUM_SPLITS, num_tokens, Hq]
+        ml = (split * num_tokens + row) * NUM_Q_HEADS + head                 # [BLOCK_M]
+        tl.store(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_ml_ptr + ml, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    ws_acc_ptr, ws_ml_ptr, out_ptr, num_tokens, stride_ot, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; rows nobody wrote -> 0."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
+    ml = (offs_s * num_tokens + t) * NUM_Q_HEADS + h                        # [NUM_SPLITS]
+    m = tl.load(ws_ml_ptr + ml)
+    seen = m > float("-inf")                                                # split saw context
+    l = tl.load(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, mask=seen, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(seen, tl.exp(m - m_max), 0.0)                              # [NUM_SPLITS]
+    acc = tl.load(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], mask=seen[:, None], other=0.0)
+    num = tl.sum(acc * w[:, None], axis=0)                                  # [D_PAD]
+    den = tl.sum(l * w, axis=0)
+    o = num / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+def _interpreting() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    return bool(knobs is not None and knobs.runtime.interpret)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _choose_splits(num_programs: int, max_query_len: Optional[int], max_seq_len: Optional[int],
+                   block_q: int, device: torch.device) -> int:
+    """Split the context when short-query tiles alone would leave most SMs idle."""
+    if max_query_len is None or max_seq_len is None or max_query_len > block_q:
+        return 1
+    target = 2 * _num_sms(device)
+    splits = 1
+    while (splits * 2 * num_programs <= target
+           and max_seq_len >= splits * 2 * _MIN_TOKENS_PER_SPLIT and splits < 64):
+        splits *= 2
+    return splits
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,
+                    max_seq_len: Optional[int] = None, num_splits: Optional[int] = None) -> torch.Tensor:
+    """Ragged causal attention over the paged cache; see the module docstring. -> [N, Hq, D].
+
+    ``num_splits`` (a power of two) overrides the split-KV heuristic (tests use it).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_reqs = seq_lens.shape[0]
+    num_kv_heads = k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)  # [N, Hq, D]
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    rows = max(16, group_pad)
+    if max_query_len is not None and max_query_len * group_pad <= 16:
+        rows = max(16, group_pad)       # decode / short verification: one small tile
+    elif max_query_len is not None and max_query_len * group_pad >= 512:
+        rows = max(128, group_pad)      # long prefill: big tiles
+    else:
+        rows = max(64, group_pad)
+    block_q = rows // group_pad
+    block_n = 64 if d_pad <= 128 else 32
+    num_tiles = num_tokens // block_q + num_reqs
+    splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
+                                          block_q, q.device)
+    if splits > 1:
+        ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
+                             device=q.device)
+        # rows no program writes (batch padding) must read as "saw nothing": m = -inf
+        ws_ml = torch.full((2, splits, num_tokens, num_q_heads), float("-inf"),
+                           dtype=torch.float32, device=q.device)
+    else:
+        ws_acc = ws_ml = out  # unused
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
+        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, ws_acc, ws_ml,
+        scale, num_reqs, num_tokens,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
+        block_tables.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
+        NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(), num_warps=4 if rows <= 64 else 8,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            ws_acc, ws_ml, out, num_tokens, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits)
+    return out

@@ -1,0 +1,149 @@
+"""Triton layer kernels under the CPU interpreter vs the torch reference (run by test_layers_interp.py).
+
+Not collected by a plain ``pytest`` run (the name does not start with ``test_``): the driver
+``tests/kernels/test_layers_interp.py::test_interpreter_suite`` runs this file in a subprocess with
+TRITON_INTERPRET=1, which must be set before Triton kernel modules are imported and must not leak
+into the rest of the suite. bf16 is not tested here (the interpreter's bf16 arithmetic is
+unreliable); tests/gpu/test_layers_gpu.py covers it.
+
+Tolerances vs the reference: fp32 1e-5 absolute (both accumulate in fp32, in a different order);
+fp16 attention 2e-3 (P is rounded to fp16 before the P@V product, relative error <= 2^-11 per
+term, outputs are O(1)); the elementwise fp16 kernels round exactly like the reference (0).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
+
+try:
+    from tests.kernels.test_layers_cases import MIXES, make_paged_case, rotary_cache
+except ImportError:  # rootdir-less runs of this directory
+    from test_layers_cases import MIXES, make_paged_case, rotary_cache
+
+ATTN_ATOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def _both(case, splits=None):
+    from kernels import ref_layers, triton_attention
+
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale)
+    got = triton_attention.paged_attention(*args, case.max_query_len, case.max_seq_len,
+                                           num_splits=splits)
+    return got, ref_layers.paged_attention(*args)
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_paged_attention_fp32(mix: str, block_size: int, heads: tuple[int, int]) -> None:
+    case = make_paged_case(*MIXES[mix], heads[0], heads[1], 16, block_size, torch.float32,
+                           seed=len(mix) * 10 + block_size, pad_rows=2)
+    got, want = _both(case)
+    torch.testing.assert_close(got, want, atol=ATTN_ATOL[torch.float32], rtol=0)
+    assert (got[-2:] == 0).all()
+
+
+@pytest.mark.parametrize("mix", ["mixed", "verify"])
+def test_paged_attention_fp16_odd_head_dim(mix: str) -> None:
+    """fp16, a head dim that is not a power of two, 3 query heads per KV head, blocks of 4."""
+    case = make_paged_case(*MIXES[mix], 6, 2, 24, 4, torch.float16, seed=5)
+    got, want = _both(case)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want.float(), atol=ATTN_ATOL[torch.float16], rtol=0)
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_paged_attention_split_kv(splits: int) -> None:
+    """Split-KV: partial softmax states merged; splits that see no context for a row are empty."""
+    case = make_paged_case([1, 3, 1, 0], [40, 9, 2, 0], 4, 2, 16, 8, torch.float32, seed=9,
+                           pad_rows=1)
+    got, want = _both(case, splits=splits)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert (got[-1] == 0).all()
+
+
+def test_paged_attention_through_ops_with_strided_q() -> None:
+    """The kernels.ops entry point with q a strided view of a fused qkv tensor."""
+    from kernels import backend, ops, ref_layers
+
+    case = make_paged_case(*MIXES["verify"], 4, 2, 16, 16, torch.float32, seed=4)
+    qkv = torch.cat([case.q.flatten(1), torch.zeros(case.q.shape[0], 8)], dim=1)
+    q = qkv[:, :64].view(-1, 4, 16)
+    backend.set_backend("triton")
+    try:
+        got = ops.paged_attention(q, case.k_cache, case.v_cache, case.block_tables,
+                                  case.query_start_loc, case.seq_lens, case.scale,
+                                  case.max_query_len, case.max_seq_len)
+    finally:
+        backend.set_backend("torch")
+    want = ref_layers.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                      case.query_start_loc, case.seq_lens, case.scale)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norms(dtype: torch.dtype) -> None:
+    from kernels import ref_layers, triton_layers
+
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(5, 48, generator=gen) * 2).to(dtype)
+    res = torch.randn(5, 48, generator=gen).to(dtype)
+    w = torch.randn(48, generator=gen).to(dtype)
+    atol = 1e-5 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(triton_layers.rms_norm(x, w, 1e-6), ref_layers.rms_norm(x, w, 1e-6),
+                               atol=atol, rtol=0)
+    normed, new_res = triton_layers.add_rms_norm(x, res, w, 1e-6)
+    want_normed, want_res = ref_layers.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(new_res, want_res)
+    torch.testing.assert_close(normed, want_normed, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_and_mul(dtype: torch.dtype) -> None:
+    from kernels import ref_layers, triton_layers
+
+    x = torch.randn(4, 2 * 40, generator=torch.Generator().manual_seed(2)).to(dtype)
+    atol = 1e-6 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(triton_layers.silu_and_mul(x), ref_layers.silu_and_mul(x),
+                               atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("rot_dim", [16, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rotary_in_place(rot_dim: int, dtype: torch.dtype) -> None:
+    from kernels import ref_layers, triton_layers
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(6, 4, 16, generator=gen).to(dtype)
+    k = torch.randn(6, 2, 16, generator=gen).to(dtype)
+    positions = torch.randint(0, 60, (6,), generator=gen)
+    cache = rotary_cache(64, rot_dim)
+    q_t, k_t = q.clone(), k.clone()
+    out_q, out_k = triton_layers.apply_rotary(q_t, k_t, positions, cache)
+    assert out_q.data_ptr() == q_t.data_ptr() and out_k.data_ptr() == k_t.data_ptr()
+    want_q, want_k = ref_layers.apply_rotary(q.clone(), k.clone(), positions, cache)
+    atol = 1e-6 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(q_t, want_q, atol=atol, rtol=0)
+    torch.testing.assert_close(k_t, want_k, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_write_kv(dtype: torch.dtype) -> None:
+    from kernels import ref_layers, triton_layers
+
+    gen = torch.Generator().manual_seed(6)
+    k = torch.randn(6, 2, 24, generator=gen).to(dtype)
+    v = torch.randn(6, 2, 24, generator=gen).to(dtype)
+    slots = torch.tensor([3, -1, 0, 11, -5, 7])
+    caches = [torch.full((3, 4, 2, 24), float("nan"), dtype=dtype) for _ in range(4)]
+    triton_layers.write_kv(k, v, caches[0], caches[1], slots)
+    ref_layers.write_kv(k, v, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
