@@ -67,17 +67,14 @@ def mix_key(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> tuple[
     return k0, k1
 
 
-def philox_first_word(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
-    """Philox4x32-10 on counters ``(counter, 0, 0, 0)``; returns the first output word (int64).
+def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor,
+               k0: torch.Tensor, k1: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 (Salmon et al. 2011; Triton's round order): four output words (int64).
 
-    ``counter`` and the keys broadcast against each other; all hold values in [0, 2**32).
+    All inputs broadcast against each other and hold values in [0, 2**32).
     """
-    c0 = counter.to(torch.int64) & MASK32
-    c1 = torch.zeros_like(c0)
-    c2 = torch.zeros_like(c0)
-    c3 = torch.zeros_like(c0)
-    c0, k0 = torch.broadcast_tensors(c0, k0)
-    k1 = k1.expand_as(c0)
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(t.to(torch.int64) for t in
+                                                       (c0, c1, c2, c3, k0, k1)))
     for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mul32(PHILOX_ROUND_B, c2)
         hi_a, lo_a = _mul32(PHILOX_ROUND_A, c0)
@@ -87,7 +84,14 @@ def philox_first_word(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor)
         c3 = lo_a
         k0 = (k0 + PHILOX_KEY_A) & MASK32
         k1 = (k1 + PHILOX_KEY_B) & MASK32
-    return c0
+    return c0, c1, c2, c3
+
+
+def philox_first_word(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """The first Philox4x32-10 word for counters ``(counter, 0, 0, 0)``: ``tl.randint(key, counter)``."""
+    c0 = counter.to(torch.int64) & MASK32
+    zero = torch.zeros((), dtype=torch.int64, device=c0.device)
+    return philox4x32(c0, zero, zero, zero, k0, k1)[0]
 
 
 def bits_to_uniform(r: torch.Tensor) -> torch.Tensor:

@@ -207,11 +207,24 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
                      temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                      method: str, max_num_draft_tokens: Optional[int] = None) -> torch.Tensor:
-    """Verify drafts against the target; see the module docstring of kernels.triton_sampling.
+    """Verify each request's drafts against the target; returns [B, max_k + 1] int64.
 
-    target_logits: [sum k + B, V]; cu_num_draft_tokens: [B + 1] i32; draft_token_ids: [sum k];
-    draft_probs: [sum k, V] f32 or None; per-request params [B]. Returns [B, max_k + 1] int64:
-    accepted drafts, one recovered or bonus token, then -1.
+    target_logits: [sum k + B, V] (request b owns rows ``cu[b] + b .. cu[b+1] + b``: k_b
+    verification rows, then the bonus row; row j has position ``positions[b] + j``);
+    cu_num_draft_tokens: [B + 1] i32; draft_token_ids: [sum k] i64; draft_probs: [sum k, V] f32
+    or None (drafts were argmax: q is one-hot); per-request params and seeds/positions: [B].
+    Output row b: the accepted drafts, exactly one recovered or bonus token, then -1.
+
+    * greedy request (T == 0): accept while x_j == argmax(p_j); emit the argmax of the first
+      mismatching row (or of the bonus row).
+    * ``probabilistic``: accept iff ``U(ACCEPT, 0) * q_j(x_j) < p_j(x_j)``; at the first rejection
+      race over ``max(p_j - q_j, 0)`` with stream RECOVER (over p_j if that is all zero); if all
+      are accepted race over the bonus row's p with stream SAMPLE.
+    * ``strict``: ``t_j`` = race over p_j with stream SAMPLE; accept iff ``t_j == x_j``, else emit
+      ``t_j``; bonus as above. With k_b == 0 every method is plain sampling (stream SAMPLE).
+
+    A draft token with ``q_j(x_j) == 0`` is a caller bug: raises ValueError on the CPU (a
+    device-side assert elsewhere).
     """
     if method not in ("probabilistic", "strict"):
         raise ValueError(f"unknown rejection method {method!r}")
@@ -248,6 +261,11 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     return out
 
 
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Unnormalised residual ``max(p - q, 0)`` ([B, V]); q one-hot at x_j removes x_j from p."""
+    return torch.clamp(p - q, min=0.0)
+
+
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
                   n_acc: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
                   seeds: torch.Tensor, positions: torch.Tensor,
@@ -260,10 +278,8 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
     else:
         p = d.probs[sel]                                                         # [B, V]
         bonus = race(_masked_x(d)[sel], seeds, pos, SAMPLE)
-        if q is None:
-            res = p.scatter(1, x[sel].unsqueeze(1), 0.0)                         # p without x_j
-        else:
-            res = torch.clamp(p - q[lay.draft_idx[sel]], min=0.0)                # [B, V]
+        q_rows = _one_hot(x[sel], p.shape[1]) if q is None else q[lay.draft_idx[sel]]
+        res = _residual(p, q_rows)                                               # [B, V]
         empty = (res > 0).sum(dim=1, keepdim=True) == 0
         recovered = race(torch.log(torch.where(empty, p, res)), seeds, pos, RECOVER)
         tok = torch.where(n_acc == lay.k, bonus, recovered)
