@@ -7,11 +7,14 @@ CI is set: then it is a failure, so CI can never pass by skipping. Install every
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
 import pytest
 import yaml
 
@@ -48,6 +51,14 @@ def find_tool(name: str) -> str:
     if found is None:
         missing(name)
     return found  # type: ignore[return-value]
+
+
+def need_module(name: str, pip_name: str) -> Any:
+    """Import ``name``, or skip/fail the calling test like a missing tool."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing(f"the Python package {pip_name}")
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 60,

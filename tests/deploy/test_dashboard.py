@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.deploy._tools import (DASHBOARD, ROOT, as_rule_file, concrete, dashboard,
-                                 dashboard_queries, find_tool, missing, run)
+                                 dashboard_queries, find_tool, need_module, run)
 
 # The metric names fixed by the engine author (server/metrics.py exports them).
 COUNTERS = {"spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
@@ -168,13 +168,12 @@ def test_grafana_11_schema_round_trip() -> None:
     """Grafana's own typed models (grafana-foundation-sdk 11.6) read every field we write."""
     import json
 
-    try:
-        from grafana_foundation_sdk.cog import plugins
-        from grafana_foundation_sdk.cog.encoder import JSONEncoder
-        from grafana_foundation_sdk.models import dashboard as gd
-        from grafana_foundation_sdk.models import prometheus
-    except ImportError:
-        missing("grafana-foundation-sdk (pip install 'grafana-foundation-sdk==1769699379!11.6.0')")
+    need_module("grafana_foundation_sdk", "grafana-foundation-sdk==1769699379!11.6.0")
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import dashboard as gd
+    from grafana_foundation_sdk.models import prometheus
+
     plugins.register_default_plugins()
     ours = dashboard()
     model = gd.Dashboard.from_json(ours)

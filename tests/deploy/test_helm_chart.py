@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from tests.deploy._tools import CHART, DASHBOARD, RULES, by_kind, one
+from tests.deploy._tools import CHART, DASHBOARD, RULES, by_kind, need_module, one
 from tests.deploy.conftest import scenarios
 
 K8S_VERSION = "1.31.0"
@@ -51,8 +51,7 @@ def test_lint_strict(helm) -> None:
 
 @pytest.mark.parametrize("scenario", scenarios())
 def test_every_object_validates_against_kubernetes_schema(render, scenario: str) -> None:
-    import kubernetes_validate
-
+    kubernetes_validate = need_module("kubernetes_validate", "kubernetes-validate")
     docs = render(scenario)
     assert by_kind(docs, "Deployment") and by_kind(docs, "Service")
     for doc in docs:
@@ -114,7 +113,8 @@ def test_default_args_resources_and_volumes(render) -> None:
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
-    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == one(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    claim = one(docs, "PersistentVolumeClaim")["metadata"]["name"]
+    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == claim
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"models": "/models", "dshm": "/dev/shm", "tmp": "/tmp"}
     assert pod["securityContext"]["runAsNonRoot"] is True
