@@ -119,6 +119,7 @@ def test_default_args_resources_and_volumes(render) -> None:
     assert mounts == {"models": "/models", "dshm": "/dev/shm", "tmp": "/tmp"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "HOME", "value": "/tmp"} in c["env"], "caches need a writable HOME"
     assert pod["terminationGracePeriodSeconds"] > 30, "must outlast --shutdown-timeout"
     assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "HorizontalPodAutoscaler")
