@@ -20,20 +20,21 @@ All launch parameters come from tensor shapes and the caller's host-side bounds
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-_MIN_TOKENS_PER_SPLIT = 256
+_MIN_TOKENS_PER_SPLIT = 128
 
 
 @triton.jit
 def _find_request(query_start_loc, tile, num_reqs, BLOCK_Q: tl.constexpr):
     """The last request r with query_start_loc[r] // BLOCK_Q + r <= tile (binary search)."""
-    lo = 0
-    hi = num_reqs - 1
+    lo = tl.zeros([], tl.int32)            # tensors from the start: loop-carried types must not change
+    hi = tl.zeros([], tl.int32) + num_reqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         first_tile = tl.load(query_start_loc + mid) // BLOCK_Q + mid
@@ -179,6 +180,7 @@ def _interpreting() -> bool:
     return bool(knobs is not None and knobs.runtime.interpret)
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
@@ -216,15 +218,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = num_q_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    rows = max(16, group_pad)
     if max_query_len is not None and max_query_len * group_pad <= 16:
         rows = max(16, group_pad)       # decode / short verification: one small tile
     elif max_query_len is not None and max_query_len * group_pad >= 512:
         rows = max(128, group_pad)      # long prefill: big tiles
     else:
         rows = max(64, group_pad)
-    block_q = rows // group_pad
     block_n = 64 if d_pad <= 128 else 32
+    if q.element_size() == 4:           # fp32 tiles take twice the shared memory
+        rows, block_n = min(rows, max(64, group_pad)), 32
+    block_q = rows // group_pad
     num_tiles = num_tokens // block_q + num_reqs
     splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
                                           block_q, q.device)
@@ -236,7 +239,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                            dtype=torch.float32, device=q.device)
     else:
         ws_acc = ws_ml = out  # unused
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
     _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, ws_acc, ws_ml,
         scale, num_reqs, num_tokens,
@@ -244,7 +247,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(), num_warps=4 if rows <= 64 else 8,
+        NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(),
+        num_warps=4 if rows <= 64 else 8,
     )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
