@@ -72,6 +72,24 @@ def _attend_tile(q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_b
 
 
 @triton.jit
+def _store_partial_or_final(out_ptr, ws_acc_ptr, ws_ml_ptr, acc, m_i, l_i, row, head, row_ok,
+                            offs_d, d_ok, split, num_tokens, stride_ot, stride_oh,
+                            NUM_Q_HEADS: tl.constexpr, D_PAD: tl.constexpr,
+                            NUM_SPLITS: tl.constexpr):
+    """One split: normalise and store the output. Several: store (acc, m, l) for the merge."""
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # workspace: acc [NUM_SPLITS, num_tokens, Hq, D_PAD], (m, l) [2, NUM_SPLITS, num_tokens, Hq]
+        ml = (split * num_tokens + row) * NUM_Q_HEADS + head                 # [BLOCK_M]
+        tl.store(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_ml_ptr + ml, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, l_i, mask=row_ok)
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     ws_acc_ptr, ws_ml_ptr,
@@ -85,6 +103,7 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
+    """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,16 +156,9 @@ def _paged_attention_kernel(
                 q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_base, d_ok, scale,
                 stride_kb, stride_ks, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PRECISION)
 
-    if NUM_SPLITS == 1:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        o_ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    else:
-        # workspace: acc [NUM_SPLITS, num_tokens, Hq, D_PAD], (m, l) [2, NUM_SPLITS, num_tokens, Hq]
-        ml = (split * num_tokens + row) * NUM_Q_HEADS + head                 # [BLOCK_M]
-        tl.store(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ws_ml_ptr + ml, m_i, mask=row_ok)
-        tl.store(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, l_i, mask=row_ok)
+    _store_partial_or_final(out_ptr, ws_acc_ptr, ws_ml_ptr, acc, m_i, l_i, row, head, row_ok,
+                            offs_d, d_ok, split, num_tokens, stride_ot, stride_oh,
+                            NUM_Q_HEADS, D_PAD, NUM_SPLITS)
 
 
 @triton.jit

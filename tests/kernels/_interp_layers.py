@@ -147,3 +147,15 @@ def test_write_kv(dtype: torch.dtype) -> None:
     ref_layers.write_kv(k, v, caches[2], caches[3], slots)
     torch.testing.assert_close(caches[0], caches[2], atol=0, rtol=0, equal_nan=True)
     torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+
+
+def test_paged_attention_many_requests() -> None:
+    """33 requests of random shapes: the tile -> request binary search over query_start_loc."""
+    import random
+
+    rnd = random.Random(12)
+    q_lens = [rnd.choice([0, 1, 1, 2, 5, 19]) for _ in range(33)]
+    seq_lens = [q + rnd.randint(0, 20) for q in q_lens]
+    case = make_paged_case(q_lens, seq_lens, 4, 2, 16, 4, torch.float32, seed=12, pad_rows=2)
+    got, want = _both(case)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
