@@ -66,8 +66,13 @@ def _config(arch: str, vocab_size: int, eos_id: int, **overrides):
 
 
 def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "llama", seed: int = 0,
-                         vocab_size: int = 320, **config_overrides) -> Path:
-    """Write a random tiny ``arch`` checkpoint (fp32) with its tokenizer to ``path``; return the path."""
+                         vocab_size: int = 320, model_vocab_size: int | None = None,
+                         **config_overrides) -> Path:
+    """Write a random tiny ``arch`` checkpoint (fp32) with its tokenizer to ``path``; return the path.
+
+    ``model_vocab_size`` smaller than the tokenizer's makes a model that only ever emits the first
+    ids (handy for statistical tests); larger pads the vocabulary as real checkpoints do.
+    """
     import torch
     from transformers import GenerationConfig
 
@@ -75,10 +80,30 @@ def make_tiny_checkpoint(path: str | os.PathLike, arch: str = "llama", seed: int
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config, cls = _config(arch, len(tokenizer), eos_id, **config_overrides)
+    config, cls = _config(arch, model_vocab_size or len(tokenizer), eos_id, **config_overrides)
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     GenerationConfig(eos_token_id=eos_id, bos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(path)
     return path
+
+
+def make_perturbed_copy(src: str | os.PathLike, dst: str | os.PathLike, noise: float,
+                        seed: int = 0) -> Path:
+    """A draft-like sibling of checkpoint ``src``: every weight plus N(0, noise^2) noise.
+
+    Close enough to the original to be a useful draft, different enough that q != p.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    weights = load_file(str(src / "model.safetensors"))
+    noisy = {k: (v + noise * torch.randn(v.shape, generator=gen)).contiguous() for k, v in weights.items()}
+    save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
