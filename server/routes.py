@@ -40,8 +40,10 @@ _GEN_ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _ok(model: type, description: str) -> dict[int | str, dict[str, Any]]:
     """200 documented as JSON (``model``) or, with ``stream: true``, an SSE stream."""
-    sse = {"schema": {"type": "string"},
-           "description": "with stream=true: `data: {chunk}` events, then `data: [DONE]`"}
+    event = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] last"},
+                            "event": {"type": "string"}}}
+    sse = {"schema": event, "description": "with stream=true: `data: {chunk}` events, then `data: [DONE]`"}
     return {200: {"model": model, "description": description, "content": {"text/event-stream": sse}}}
 
 
