@@ -47,19 +47,21 @@ PHILOX_ROUNDS = 10
 
 
 def _mul32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo) 32-bit halves of ``a * b`` for a constant ``a`` and ``b`` in [0, 2**32) (int64)."""
-    b_lo = b & 0xFFFF
-    b_hi = b >> 16
-    t1 = a * b_lo                      # < 2**48
-    t2 = a * b_hi                      # < 2**48
-    s = ((t2 & 0xFFFF) << 16) + t1     # < 2**49
-    lo = s & MASK32
-    hi = (t2 >> 16) + (s >> 32)
-    return hi, lo
+    """(hi, lo) 32-bit halves of ``a * b`` for a constant ``a`` and ``b`` in [0, 2**32) (int64).
+
+    The int64 product wraps modulo 2**64 (two's complement, as torch's CPU and CUDA integer
+    multiplies do); its 64 bits are exactly those of the unsigned product, which is < 2**64.
+    The Philox known-answer tests check this.
+    """
+    prod = b * a
+    return (prod >> 32) & MASK32, prod & MASK32
 
 
-def mix_key(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Philox key words (k0, k1), each int64 in [0, 2**32), for each (seed, position)."""
+def mix_key(seeds: torch.Tensor, positions: torch.Tensor,
+            stream: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Philox key words (k0, k1), each int64 in [0, 2**32), for each (seed, position).
+
+    ``stream`` is one stream for all rows or a per-row tensor."""
     seeds = seeds.to(torch.int64)
     c = (positions.to(torch.int64) * 4 + stream) & MASK32
     k0 = (seeds & MASK32) ^ _mul32(KEY_MUL_LO, c)[1]
@@ -73,8 +75,8 @@ def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.T
 
     All inputs broadcast against each other and hold values in [0, 2**32).
     """
-    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(t.to(torch.int64) for t in
-                                                       (c0, c1, c2, c3, k0, k1)))
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(t.to(torch.int64) for t in (c0, c1, c2, c3)))
+    k0, k1 = k0.to(torch.int64), k1.to(torch.int64)   # stay small: broadcast inside the xor
     for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mul32(PHILOX_ROUND_B, c2)
         hi_a, lo_a = _mul32(PHILOX_ROUND_A, c0)
@@ -99,11 +101,12 @@ def bits_to_uniform(r: torch.Tensor) -> torch.Tensor:
     return ((r >> 9).to(torch.float32) + 0.5) * (2.0 ** -23)
 
 
-def uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int,
+def uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Tensor,
             index: torch.Tensor) -> torch.Tensor:
     """``U(seed, position, stream, index)`` for every row and index.
 
-    seeds, positions: [N] int64; index: [M] (or [N, M]) integer. Returns [N, M] fp32.
+    seeds, positions (and a per-row stream): [N] int64; index: [M] (or [N, M]) integer.
+    Returns [N, M] fp32.
     """
     k0, k1 = mix_key(seeds, positions, stream)                   # [N]
     idx = index.to(torch.int64)

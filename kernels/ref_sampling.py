@@ -33,7 +33,7 @@ import torch
 
 from kernels.philox import ACCEPT, DRAFT, RECOVER, SAMPLE, neg_log_exponential, uniform
 
-_RACE_CHUNK_ELEMS = 1 << 23  # rows are raced in blocks of at most this many random numbers
+_RACE_CHUNK_ELEMS = 1 << 20  # rows are raced in blocks of at most this many random numbers
 
 
 class RowDist(NamedTuple):
@@ -105,17 +105,19 @@ def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
 
 
 def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-         stream: int) -> torch.Tensor:
+         stream: int | torch.Tensor) -> torch.Tensor:
     """Exponential race: ``argmax_i (log_weights_i - log(-log U(seed, pos, stream, i)))``.
 
-    log_weights: [N, V] fp32 (``-inf`` = excluded); seeds, positions: [N]. Returns [N] int64.
+    log_weights: [N, V] fp32 (``-inf`` = excluded); seeds, positions (a per-row stream): [N].
+    Returns [N] int64.
     """
     n, v = log_weights.shape
     idx = torch.arange(v, device=log_weights.device)
     rows = max(1, _RACE_CHUNK_ELEMS // max(v, 1))
     out = []
     for s in range(0, n, rows):
-        u = uniform(seeds[s:s + rows], positions[s:s + rows], stream, idx)   # [rows, V]
+        st = stream[s:s + rows] if isinstance(stream, torch.Tensor) else stream
+        u = uniform(seeds[s:s + rows], positions[s:s + rows], st, idx)       # [rows, V]
         out.append(torch.argmax(log_weights[s:s + rows] - neg_log_exponential(u), dim=1))
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=log_weights.device)
@@ -277,12 +279,15 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
         tok = sample_tok[sel]
     else:
         p = d.probs[sel]                                                         # [B, V]
-        bonus = race(_masked_x(d)[sel], seeds, pos, SAMPLE)
         q_rows = _one_hot(x[sel], p.shape[1]) if q is None else q[lay.draft_idx[sel]]
         res = _residual(p, q_rows)                                               # [B, V]
         empty = (res > 0).sum(dim=1, keepdim=True) == 0
-        recovered = race(torch.log(torch.where(empty, p, res)), seeds, pos, RECOVER)
-        tok = torch.where(n_acc == lay.k, bonus, recovered)
+        recover_w = torch.log(torch.where(empty, p, res))
+        bonus = (n_acc == lay.k).unsqueeze(1)                                    # [B, 1]
+        # one race per request: the bonus row's p (SAMPLE) or the residual (RECOVER)
+        weights = torch.where(bonus, _masked_x(d)[sel], recover_w)
+        stream = torch.where(bonus.squeeze(1), SAMPLE, RECOVER)
+        tok = race(weights, seeds, pos, stream)
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 
