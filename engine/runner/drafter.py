@@ -18,12 +18,12 @@ import torch
 from engine.batch import RequestResult, ScheduledRequest
 from engine.request import Request
 from engine.runner.inputs import ForwardItem
-from engine.runner.logits import RowContext, apply_processors
+from engine.runner.logits import RowContext, apply_processors, needs_processing
 from engine.runner.sampling_inputs import SamplingTensors
 from kernels import ops
 
-# run(items) -> logits [sum(num_logits), V_target] of the draft model
-DraftForward = Callable[[list[ForwardItem]], Optional[torch.Tensor]]
+# forward(items, input_ids=None) -> logits [sum(num_logits), V_target] of the draft model
+DraftForward = Callable[[list[ForwardItem], Optional[torch.Tensor]], Optional[torch.Tensor]]
 
 
 @dataclass
@@ -60,22 +60,49 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
             continue
         items.append(ForwardItem(committed[valid:], valid, req.block_ids, 1))
         proposals.append(_Proposal(req, committed, k))
-    logits = forward(items) if items else None
-    for j in range(max((p.k for p in proposals), default=0)):
-        active = [p for p in proposals if p.k > j]
-        if j > 0:
-            items = [ForwardItem([p.drafts[-1]], len(p.committed) + j - 1, p.request.block_ids, 1)
-                     for p in active]
-            logits = forward(items)
-        elif len(active) != len(proposals):
-            raise AssertionError("every proposal drafts at least one token")
-        _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
+    logits = forward(items, None) if items else None
+    if proposals:
+        _draft_passes(proposals, logits, forward, store_probs, greedy_drafts, device)
     for p in proposals:
         res = results[p.request.request_id]
         res.new_drafts = p.drafts
         res.new_draft_probs = torch.stack(p.probs) if p.probs else None   # [k, V]
         res.num_draft_computed = len(p.committed)
         res.num_draft_kv_ahead = p.k - 1
+
+
+def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: DraftForward,
+                  store_probs: bool, greedy_drafts: bool, device: torch.device) -> None:
+    """Passes 1..k. Drafts stay on the device between passes (fed back as the next input ids);
+    the host reads them once at the end, unless a request's logits processors need the tokens."""
+    host_each_pass = any(needs_processing(p.request) for p in proposals)
+    max_k = max(p.k for p in proposals)
+    table = torch.full((len(proposals), max_k), -1, dtype=torch.int64, device=device)  # [P, k]
+    prev: Optional[torch.Tensor] = None
+    prev_rows: list[int] = []
+    for j in range(max_k):
+        rows = [i for i, p in enumerate(proposals) if p.k > j]
+        active = [proposals[i] for i in rows]
+        if j > 0:
+            items = [ForwardItem([p.drafts[-1] if host_each_pass else 0], len(p.committed) + j - 1,
+                                 p.request.block_ids, 1) for p in active]
+            ids = None
+            if not host_each_pass:
+                ids = prev if rows == prev_rows else prev[torch.tensor(
+                    [prev_rows.index(i) for i in rows], device=device)]
+            logits = forward(items, ids)
+        tokens, probs = _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
+        table[rows, j] = tokens
+        if host_each_pass:
+            for p, tok in zip(active, tokens.tolist()):
+                p.drafts.append(tok)
+        if store_probs:
+            for i, p in enumerate(active):
+                p.probs.append(probs[i])
+        prev, prev_rows = tokens, rows
+    if not host_each_pass:
+        for p, row in zip(proposals, table.tolist()):  # the draft's one host read of the step
+            p.drafts = row[:p.k]
 
 
 def _budget(req: Request, num_new: int, num_spec: int, max_model_len: int) -> int:
@@ -85,16 +112,12 @@ def _budget(req: Request, num_new: int, num_spec: int, max_model_len: int) -> in
 
 
 def _sample_pass(active: list[_Proposal], logits: torch.Tensor, j: int, store_probs: bool,
-                 greedy_drafts: bool, device: torch.device) -> None:
-    """Sample draft j+1 for each active proposal from ``logits [len(active), V]``."""
+                 greedy_drafts: bool, device: torch.device):
+    """Draft j+1 of each active proposal from ``logits [len(active), V]``: (tokens [A], probs [A, V])."""
     prompt_lens = [p.request.prompt_len for p in active]
     rows = [RowContext(p.request, p.committed[pl:] + p.drafts) for p, pl in zip(active, prompt_lens)]
     apply_processors(logits, rows)
     positions = [len(p.committed) - pl + j for p, pl in zip(active, prompt_lens)]
     st = SamplingTensors.build([p.request for p in active], positions, device, force_greedy=greedy_drafts)
-    tokens, probs = ops.sample_draft(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds,
-                                     st.positions, store_probs)
-    for i, (p, tok) in enumerate(zip(active, tokens.tolist())):
-        p.drafts.append(tok)
-        if store_probs:
-            p.probs.append(probs[i])
+    return ops.sample_draft(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds,
+                            st.positions, store_probs)

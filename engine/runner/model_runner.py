@@ -15,6 +15,7 @@ import torch
 from engine.batch import ModelRunnerOutput, SchedulerOutput
 from engine.models.llama import KVCache, LlamaFamilyModel
 from engine.models.spec import ModelSpec
+from engine.runner.cuda_graphs import GraphedForward
 from engine.runner.drafter import propose
 from engine.runner.inputs import ForwardItem, build_inputs
 from engine.runner.verifier import verify
@@ -32,7 +33,8 @@ def allocate_kv(spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.
 class ModelRunner:
     def __init__(self, target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], num_blocks: int,
                  block_size: int, dtype: torch.dtype, device: torch.device, num_spec: int,
-                 max_model_len: int, rejection_method: str, draft_sample_method: str):
+                 max_model_len: int, rejection_method: str, draft_sample_method: str,
+                 max_num_seqs: int = 64, enforce_eager: bool = True):
         self.target, self.draft = target, draft
         self.block_size = block_size
         self.device = device
@@ -43,6 +45,21 @@ class ModelRunner:
         self.vocab_size = target.spec.vocab_size
         self.target_kv = allocate_kv(target.spec, num_blocks, block_size, dtype, device)
         self.draft_kv = allocate_kv(draft.spec, num_blocks, block_size, dtype, device) if draft else []
+        self.graphs: dict[tuple[str, int], GraphedForward] = {}
+        if device.type == "cuda" and not enforce_eager:
+            self._capture_graphs(max_num_seqs, num_blocks)
+
+    def _capture_graphs(self, max_num_seqs: int, num_blocks: int) -> None:
+        max_blocks = min(num_blocks, -(-(self.max_model_len + self.num_spec + 1) // self.block_size))
+        plan = [("target", self.target, self.target_kv, 1)]
+        if self.num_spec:
+            plan += [("target", self.target, self.target_kv, self.num_spec + 1),
+                     ("draft", self.draft, self.draft_kv, 1)]
+        for name, model, kv, q in plan:
+            g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
+                               self.block_size, self.device)
+            g.capture()
+            self.graphs[(name, q)] = g
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -52,7 +69,7 @@ class ModelRunner:
             start = s.num_computed_before
             tokens = (req.token_ids + req.draft_token_ids)[start:start + s.num_new_tokens]
             items.append(ForwardItem(tokens, start, req.block_ids, s.num_drafts + 1 if s.samples else 0))
-        logits = self._forward(self.target, self.target_kv, items)
+        logits = self._forward("target", items)
         sampling = [s for s in so.scheduled if s.samples]
         results = {}
         if sampling:
@@ -63,15 +80,24 @@ class ModelRunner:
                     self.store_draft_probs, not self.store_draft_probs, self.device)
         return ModelRunnerOutput(results)
 
-    def _forward(self, model: LlamaFamilyModel, kv: list[KVCache], items: list[ForwardItem]):
+    def _forward(self, which: str, items: list[ForwardItem],
+                 input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """Logits [sum(num_logits), V] for ``items``; ``input_ids`` (device) overrides their tokens."""
+        q = len(items[0].token_ids) if items else 0
+        graph = self.graphs.get((which, q))
+        if graph is not None and graph.fits(items):
+            return graph.run(items, input_ids)
+        model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
         inputs = build_inputs(items, self.block_size, self.device)
-        hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
+        ids = inputs.input_ids if input_ids is None else input_ids
+        hidden = model(ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel() == 0:
             return None
         return model.compute_logits(hidden[inputs.logits_indices])   # [rows, V]
 
-    def _draft_forward(self, items: list[ForwardItem]) -> Optional[torch.Tensor]:
-        logits = self._forward(self.draft, self.draft_kv, items)
+    def _draft_forward(self, items: list[ForwardItem],
+                       input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        logits = self._forward("draft", items, input_ids)
         if logits is None:
             return None
         vocab = self.vocab_size

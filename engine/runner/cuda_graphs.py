@@ -1,0 +1,108 @@
+"""CUDA graphs of a model's forward + LM head for uniform batches.
+
+A batch is uniform when every request feeds the same number of tokens ``q`` and wants logits
+for all of them: plain decode and draft steps (q = 1), verification of k drafts (q = k + 1).
+Graphs are captured once per (q, batch bucket) with static input buffers; a smaller batch is
+padded to its bucket with rows that write no KV (slot -1) and attend only to block 0. The
+attention kernel's launch grid is sized from ``max_model_len`` at capture, so one graph serves
+every context length. Anything else (prefill chunks, mixed q) runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
+from engine.runner.inputs import ForwardItem
+
+log = logging.getLogger("specserve.runner")
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GraphedForward:
+    """Graphs for one model and one query length ``q``, over batch buckets up to ``max_batch``."""
+
+    def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], q: int, max_batch: int,
+                 max_blocks: int, max_model_len: int, block_size: int, device: torch.device):
+        self.model, self.kv, self.q = model, kv, q
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        bmax = self.buckets[-1]
+        n = bmax * q
+        i64, i32 = torch.int64, torch.int32
+        self.input_ids = torch.zeros(n, dtype=i64, device=device)
+        self.positions = torch.zeros(n, dtype=i64, device=device)
+        self.slots = torch.full((n,), -1, dtype=i64, device=device)
+        self.block_tables = torch.zeros((bmax, max_blocks), dtype=i32, device=device)
+        self.qsl = torch.arange(0, (bmax + 1) * q, q, dtype=i32, device=device)
+        self.seq_lens = torch.full((bmax,), q, dtype=i32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        return AttentionMetadata(self.slots[:b * self.q], self.block_tables[:b], self.qsl[:b + 1],
+                                 self.seq_lens[:b], self.q, self.max_model_len)
+
+    def _run(self, b: int) -> torch.Tensor:
+        n = b * self.q
+        hidden = self.model(self.input_ids[:n], self.positions[:n], self._meta(b), self.kv)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t0 = time.monotonic()
+        for b in reversed(self.buckets):
+            self._run(b)  # compile and warm up outside the graph
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self._run(b)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[b], self.outputs[b] = graph, out
+        torch.cuda.synchronize()
+        log.info("captured %d CUDA graphs (q=%d, batch <= %d) for %s in %.1fs", len(self.graphs), self.q,
+                 self.buckets[-1], self.model.spec.architecture, time.monotonic() - t0)
+
+    def fits(self, items: list[ForwardItem]) -> bool:
+        return (0 < len(items) <= self.buckets[-1]
+                and all(len(it.token_ids) == self.q and it.num_logits == self.q for it in items))
+
+    @torch.inference_mode()
+    def run(self, items: list[ForwardItem], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [len(items) * q, V] (a view into the graph's output: consume before the next run)."""
+        nreq = len(items)
+        b = next(x for x in self.buckets if x >= nreq)
+        q, bs = self.q, self.block_size
+        pos, slots, seq_lens = [], [], []
+        width = self.block_tables.shape[1]
+        tables = torch.zeros((b, width), dtype=torch.int32)
+        for r, it in enumerate(items):
+            p = range(it.start, it.start + q)
+            pos.extend(p)
+            slots.extend(it.block_ids[x // bs] * bs + x % bs for x in p)
+            seq_lens.append(it.start + q)
+            tables[r, :len(it.block_ids)] = torch.tensor(it.block_ids, dtype=torch.int32)
+        pad = b - nreq
+        pos += [0] * (pad * q)
+        slots += [-1] * (pad * q)
+        seq_lens += [q] * pad
+        n = b * q
+        self.positions[:n].copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
+        self.slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
+        self.seq_lens[:b].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
+        self.block_tables[:b].copy_(tables, non_blocking=True)
+        if input_ids is not None:
+            self.input_ids[:nreq * q].copy_(input_ids)
+        else:
+            ids = [t for it in items for t in it.token_ids]
+            self.input_ids[:nreq * q].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
+        self.graphs[b].replay()
+        return self.outputs[b][:nreq * q]
