@@ -301,7 +301,7 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
         else:
             qx = 1.0
         u = _uniform(seed, pos0 + n, 2, tl.full([], 0, tl.int32))
-        ok = u * qx < px
+        ok = (u * qx < px) & (qx > 0.0)      # q(x) == 0 is a caller bug: reject
         n = n + ok.to(tl.int32)
         go = ok & (n < k_b)
     return n

@@ -1,0 +1,126 @@
+"""The Triton sampling kernels under the CPU interpreter vs the torch reference.
+
+TRITON_INTERPRET=1 must be set before Triton kernel modules are imported and must not leak into
+the rest of the suite, so a plain ``pytest`` run collects only ``test_interpreter_suite``, which
+runs this same file in a subprocess with the variable set; there the cases below are defined.
+
+Expectations: random numbers bit-identical; tokens identical (both sides compute x = z / T with
+IEEE division and the same race; exp/log may differ in the last ulp between numpy and torch, which
+cannot flip a token unless two candidates tie to ~1e-7, not the case for these seeds); stored q
+within 1e-6 absolute and with the same zero pattern. fp32 and fp16 logits (bf16 is checked on the
+GPU: the interpreter's bf16 is unreliable). Small shapes, vocabularies that are not a multiple of
+the tile, several vocabulary chunks per row.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+REPO = Path(__file__).resolve().parents[2]
+
+if not INTERP:
+
+    def test_interpreter_suite() -> None:
+        pytest.importorskip("triton")
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        tail = (proc.stdout + proc.stderr)[-6000:]
+        assert proc.returncode == 0, f"interpreter tests failed:\n{tail}"
+        assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
+        print(proc.stdout.strip().splitlines()[-1])
+
+else:
+    import triton
+    import triton.language as tl
+
+    from kernels import philox as P
+    from kernels import ref_sampling as R
+    from kernels import sampling_triton_kernels as K
+    from kernels import triton_sampling as TS
+
+    try:
+        from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+    except ImportError:  # rootdir-less runs of this directory
+        from test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+
+    BLOCK, CHUNK = 64, 128          # 3 chunks of 2 tiles for V = 300
+    MIX = [GREEDY] + list(PARAM_SETS.values())
+
+    @triton.jit
+    def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK_V: tl.constexpr):
+        row = tl.program_id(0)
+        stream = tl.program_id(1)
+        offs = tl.arange(0, BLOCK_V)
+        u = K._uniform(tl.load(seed_ptr + row), tl.load(pos_ptr + row), stream, offs)
+        tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
+
+    def test_uniform_bit_identical() -> None:
+        seeds = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 2**62 + 12345, 987654321])
+        pos = torch.tensor([0, 5, 7, 2**31 + 3, 1000, 2**40, 3])
+        v = 200
+        out = torch.empty(len(seeds), 4, v)
+        _uniform_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK_V=256)
+        for stream in range(4):
+            want = P.uniform(seeds, pos, stream, torch.arange(v))
+            assert torch.equal(out[:, stream], want), stream
+
+    @pytest.mark.parametrize("dtype,chunk,store", [
+        (torch.float32, CHUNK, True), (torch.float32, None, False),
+        (torch.float16, CHUNK, False), (torch.float16, None, True)])
+    def test_sample_draft_matches_reference(dtype, chunk, store) -> None:
+        gen = torch.Generator().manual_seed(11)
+        z = (torch.randn(len(MIX), 300, generator=gen) * 2).to(dtype)
+        z[:, 290:] = float("-inf")                                      # padded vocabulary
+        args = (*param_tensors(MIX), torch.arange(len(MIX)) * 97 - 5, torch.arange(len(MIX)) + 3)
+        tok, q = TS.sample_draft(z, *args, store, block=BLOCK, chunk=chunk)
+        want_tok, want_q = R.sample_draft(z, *args, store)
+        assert torch.equal(tok, want_tok)
+        if store:
+            assert torch.equal(q > 0, want_q > 0)
+            torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-5)
+        else:
+            assert q is None
+
+    KS = [0, 3, 1, 4, 2, 3]
+    PARAMS = [PARAM_SETS["t1"], GREEDY, PARAM_SETS["t0.6_topk4"], PARAM_SETS["t0.8_all"],
+              PARAM_SETS["t1.4_topp0.8"], PARAM_SETS["t1_minp0.1"]]
+
+    @pytest.mark.parametrize("method,one_hot,dtype,chunk", [
+        ("probabilistic", False, torch.float32, CHUNK),
+        ("probabilistic", True, torch.float32, CHUNK),
+        ("strict", False, torch.float32, CHUNK),
+        ("probabilistic", False, torch.float16, None),
+        ("strict", False, torch.float16, CHUNK)])
+    def test_rejection_sample_matches_reference(method, one_hot, dtype, chunk) -> None:
+        case = make_verify_case(KS, PARAMS, vocab=300, seed=12, dtype=dtype, noise=0.3,
+                                one_hot=one_hot, scale=4.0)
+        got = TS.rejection_sample(*case.args(method), block=BLOCK, chunk=chunk)
+        want = R.rejection_sample(*case.args(method))
+        assert torch.equal(got, want), f"\n{got}\n{want}"
+        assert int((want[:, 1:] >= 0).sum()) >= 3          # drafts were accepted: the test bites
+
+    def test_greedy_drafts_masked_vocabulary_and_wide_output() -> None:
+        case = make_verify_case([2, 0, 5], [PARAM_SETS["t1"], PARAM_SETS["t0.8_all"], GREEDY],
+                                vocab=257, seed=13, noise=0.2, greedy_drafts=True,
+                                one_hot=True, masked_tail=17)
+        for method in ("probabilistic", "strict"):
+            got = TS.rejection_sample(*case.args(method), max_num_draft_tokens=7, block=BLOCK,
+                                      chunk=CHUNK)
+            want = R.rejection_sample(*case.args(method), max_num_draft_tokens=7)
+            assert got.shape == (3, 8) and torch.equal(got, want), f"\n{got}\n{want}"
+
+    def test_zero_draft_probability_is_a_rejection() -> None:
+        case = make_verify_case([2], [PARAM_SETS["t1"]], vocab=64, seed=14)
+        x = int(case.drafts[0])
+        case.q[0, x] = 0.0
+        got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK)
+        assert got[0, 1] == -1 and got[0, 0] >= 0
