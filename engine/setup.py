@@ -159,7 +159,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     blocks = _num_blocks(config, specs, dtype, device, max_len)
     runner = ModelRunner(target, draft, blocks, config.block_size, dtype, device, num_spec, max_len,
                          spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
-                         config.max_num_seqs, config.enforce_eager)
+                         config.max_num_seqs, config.enforce_eager or backend != "triton")
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,

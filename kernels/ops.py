@@ -57,7 +57,10 @@ def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, sto
 
 
 def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                     temperature, top_k, top_p, min_p, seeds, positions, method):
+                     temperature, top_k, top_p, min_p, seeds, positions, method,
+                     max_num_draft_tokens=None):
+    """``max_num_draft_tokens`` (host int) sizes the output without reading the device."""
     return _impl("sampling").rejection_sample(target_logits, cu_num_draft_tokens,
                                               draft_token_ids, draft_probs, temperature, top_k,
-                                              top_p, min_p, seeds, positions, method)
+                                              top_p, min_p, seeds, positions, method,
+                                              max_num_draft_tokens)

@@ -36,7 +36,7 @@ def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
     draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
     st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
     out = ops.rejection_sample(logits, cu, draft_ids, draft_probs, st.temperature, st.top_k,
-                               st.top_p, st.min_p, st.seeds, st.positions, method)
+                               st.top_p, st.min_p, st.seeds, st.positions, method, max(ks))
     out_rows = out.tolist()  # the step's one host synchronisation for the target
     results: dict[str, RequestResult] = {}
     for b, s in enumerate(sampling):

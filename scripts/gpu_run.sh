@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install carried wheels, run the GPU tests, optionally the benchmark.
+# Usage (device tool, carry .whl):  bash scripts/gpu_run.sh [tests] [bench] [bench-args...]
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())'; } 2>&1 | tee "$OUT/env.txt"
+what="${1:-tests}"; shift || true
+if [[ "$what" == *tests* ]]; then
+  timeout "${GPU_TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q -x --timeout 240 -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+if [[ "$what" == *bench* ]]; then
+  timeout "${GPU_BENCH_TIMEOUT:-360}" python3 -m server.cli bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
+fi
