@@ -8,37 +8,15 @@ create_app -> uvicorn), so the CLI path is exercised too; running in-process let
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def make_draft_like(target: Path, out: Path, noise: float, seed: int = 1) -> Path:
-    """A draft that agrees with ``target`` only partly: its weights plus seeded Gaussian noise.
-
-    noise=0.2 gives ~55% greedy agreement on the tiny random llama: acceptance is neither 0 nor 1,
-    so per-position counters are informative.
-    """
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(target, out)
-    weights = load_file(str(out / "model.safetensors"))
-    gen = torch.Generator().manual_seed(seed)
-    noisy = {k: (v + noise * v.std() * torch.randn(v.shape, generator=gen) if v.ndim > 1 else v)
-             for k, v in weights.items()}
-    save_file(noisy, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
 
 
 class LiveServer:

@@ -51,7 +51,8 @@ def test_speculative_defaults_and_vllm_json() -> None:
     assert engine_config(_args("--model", "/m")).num_speculative_tokens == 0
     assert engine_config(_args("--model", "/m", "--draft-model", "/d")).num_speculative_tokens == 4
     spec = '{"method": "draft_model", "model": "/d", "num_speculative_tokens": 2}'
-    cfg = engine_config(_args("--model", "/m", "--speculative-config", spec, "--draft-sample-method", "greedy"))
+    cfg = engine_config(_args("--model", "/m", "--speculative-config", spec,
+                              "--draft-sample-method", "greedy"))
     assert (cfg.speculative.model, cfg.num_speculative_tokens) == ("/d", 2)
     assert cfg.speculative.draft_sample_method == "greedy"
 
@@ -94,7 +95,8 @@ def _start(tiny_pair, *extra: str) -> tuple[subprocess.Popen, str, list[str]]:
            "--num-speculative-tokens", "3", "--device", "cpu", "--port", str(port),
            "--api-key", "sk-very-secret", "--served-model-name", "tiny", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     logs: list[str] = []
     ready = threading.Event()
 

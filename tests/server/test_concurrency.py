@@ -62,7 +62,7 @@ def test_concurrent_streams_match_sequential_and_metrics_add_up(server, http: ht
     server.wait_idle()
     after = scrape(server.url)
     assert peak["running"] >= NUM_STREAMS // 2  # they really ran together
-    for body, alone, (ids, usage) in zip(bodies, sequential, results):
+    for body, alone, (ids, usage) in zip(bodies, sequential, results, strict=True):
         assert ids == alone, body
         assert len(ids) == body["max_tokens"] == usage["completion_tokens"]
 

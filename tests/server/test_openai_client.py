@@ -37,7 +37,7 @@ def test_completion_non_streaming(client: openai.OpenAI) -> None:
     assert spec["acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"])
     # position i counts drafts whose first i + 1 tokens were accepted: never rises with i
     per_pos = spec["accepted_per_position"]
-    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
     assert sum(per_pos) == spec["num_accepted_tokens"]
 
 
@@ -69,7 +69,8 @@ def test_chat_non_streaming_and_streaming(client: openai.OpenAI) -> None:
 
 
 def test_chat_content_parts_and_deprecated_max_tokens(client: openai.OpenAI) -> None:
-    parts = [{"role": "user", "content": [{"type": "text", "text": "print"}, {"type": "text", "text": "squares"}]}]
+    parts = [{"role": "user",
+              "content": [{"type": "text", "text": "print"}, {"type": "text", "text": "squares"}]}]
     joined = [{"role": "user", "content": "print\nsquares"}]
     a = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=8, temperature=0)
     b = client.chat.completions.create(model=MODEL, messages=joined, max_completion_tokens=8, temperature=0)

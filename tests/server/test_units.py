@@ -103,7 +103,8 @@ def test_step_stats_and_scrape_refresh_set_the_gauges() -> None:
                         draft_prob_bytes=4096, num_free_blocks=30))
     s = _samples(m)
     assert _get(s, "specserve:num_requests_running") == 3 and _get(s, "specserve:num_requests_waiting") == 2
-    assert _get(s, "specserve:kv_cache_usage_perc") == 0.25 and _get(s, "specserve:num_preemptions_total") == 1
+    assert _get(s, "specserve:kv_cache_usage_perc") == 0.25
+    assert _get(s, "specserve:num_preemptions_total") == 1
     assert _get(s, "specserve:spec_decode_draft_probs_bytes") == 4096
     m.refresh({"num_free_blocks": 40, "num_total_blocks": 40, "num_unfinished_requests": 0,
                "draft_prob_bytes": 0})
