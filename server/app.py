@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from server import __version__
 from server.auth import APIKeyChecker
+from server.debug import build_debug_router
 from server.errors import install_error_handlers
+from server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.metrics import ServerMetrics
 from server.routes import build_router
 from server.serving import ServerState
@@ -38,8 +40,13 @@ def _strip_422(schema: dict[str, Any]) -> dict[str, Any]:
 
 def create_app(engine: Any, *, served_model_name: Optional[str] = None,
                api_keys: Sequence[str] = (), shutdown_timeout: float = 30.0,
-               registry: Optional[CollectorRegistry] = None) -> FastAPI:
-    """The OpenAI-compatible app serving ``engine`` (an ``engine.AsyncEngine``, not yet started)."""
+               registry: Optional[CollectorRegistry] = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, enable_test_hooks: bool = False) -> FastAPI:
+    """The OpenAI-compatible app serving ``engine`` (an ``engine.AsyncEngine``, not yet started).
+
+    Request bodies over ``max_body_bytes`` get a 413. ``enable_test_hooks`` adds the test-only
+    ``POST /debug/fault`` (never in production).
+    """
     name = served_model_name or engine.info.served_model_name
     metrics = ServerMetrics(name, engine.info.num_speculative_tokens, registry)
     state = ServerState(engine=engine, served_model_name=name, metrics=metrics,
@@ -49,7 +56,7 @@ def create_app(engine: Any, *, served_model_name: Optional[str] = None,
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.add_step_listener(metrics.on_step)
         await engine.start()
-        logger.info("engine started; serving model '%s'", name)
+        logger.debug("engine started; serving model %r", name)
         try:
             yield
         finally:
@@ -62,7 +69,10 @@ def create_app(engine: Any, *, served_model_name: Optional[str] = None,
                               "(a separate draft model).")
     app.state.server = state
     install_error_handlers(app)
-    app.include_router(build_router(APIKeyChecker(api_keys)))
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
+    auth = APIKeyChecker(api_keys)
+    app.include_router(build_router(auth))
+    app.include_router(build_debug_router(auth, enable_test_hooks))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
