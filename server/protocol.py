@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictInt, StrictStr, model_validator
 
 from engine.types import SamplingParams
 
@@ -32,7 +32,17 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras)."""
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM's extras).
+
+    An explicit ``null`` means "the default", as in OpenAI's API (clients send ``"temperature": null``).
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
     model: Optional[str] = Field(None, description="served model name; omitted = the served model")
     n: int = Field(1, ge=1, le=_MAX_N)

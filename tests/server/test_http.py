@@ -102,9 +102,15 @@ def test_open_endpoints_and_keys(server, http: httpx.Client) -> None:
     assert second.status_code == 200  # the key from SPECSERVE_API_KEY
 
 
-def test_unknown_fields_are_ignored(http: httpx.Client) -> None:
+def test_unknown_fields_are_ignored_and_null_means_default(http: httpx.Client) -> None:
     r = http.post("/v1/completions", json={**GOOD, "guided_json": {"x": 1}, "priority": 3, "foo": [1]})
     assert r.status_code == 200
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "logprobs": None, "seed": None}
+    r = http.post("/v1/completions", json={**GOOD, **nulls, "max_tokens": None})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 16  # OpenAI's default
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_completion_tokens": 2, **nulls,
+                                                "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_completion_tokens": 2,
                                                 "messages": [{"role": "user", "content": "x", "extra": 1}],
                                                 "parallel_tool_calls": False, "metadata": {"a": "b"}})
