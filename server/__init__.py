@@ -2,9 +2,10 @@
 
 Modules: ``protocol`` (pydantic request/response schemas), ``errors`` (OpenAI-shaped errors),
 ``auth`` (bearer keys), ``tokens`` (token text/bytes for logprobs), ``serving`` (one request's trip
-through the engine: prompts in, RequestOutputs out, disconnect -> abort), ``responses`` (RequestOutput ->
-OpenAI JSON bodies and SSE chunks), ``routes`` (the endpoints), ``metrics`` (the only prometheus_client
-user), ``app`` (``create_app(engine, ...)``) and ``cli`` (``specserve serve``; argv/env -> configs).
+through the engine: prompts in, RequestOutputs out, disconnect -> abort, SSE framing),
+``serving_completions`` / ``serving_chat`` (the two generation endpoints: RequestOutput -> OpenAI
+bodies and stream chunks), ``routes`` (the endpoints), ``metrics`` (the only prometheus_client user),
+``app`` (``create_app(engine, ...)``) and ``cli`` (``specserve serve``; argv/env -> configs).
 """
 
 from __future__ import annotations
