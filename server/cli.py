@@ -17,15 +17,18 @@ import os
 import pkgutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
+from server.limits import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger("specserve")
 
 API_KEY_ENV = "SPECSERVE_API_KEY"
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+EXIT_ENGINE_FAILED = 4  # the engine loop died and --exit-on-engine-failure is on
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,18 @@ class ServerOptions:
     shutdown_timeout: float = 30.0
     log_level: str = "info"
     access_log: bool = True
+    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    exit_on_engine_failure: bool = True
+    engine_failure_grace: float = 2.0  # seconds between the engine's death and the exit
+    enable_test_hooks: bool = False
 
     def __repr__(self) -> str:  # never print keys
         return (f"ServerOptions(host={self.host!r}, port={self.port}, served_model_name="
                 f"{self.served_model_name!r}, api_keys=<{len(self.api_keys)} hidden>, "
-                f"shutdown_timeout={self.shutdown_timeout}, log_level={self.log_level!r})")
+                f"shutdown_timeout={self.shutdown_timeout}, log_level={self.log_level!r}, "
+                f"max_request_body_bytes={self.max_request_body_bytes}, "
+                f"exit_on_engine_failure={self.exit_on_engine_failure}, "
+                f"enable_test_hooks={self.enable_test_hooks})")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -87,6 +97,14 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    default=ServerOptions.log_level)
     s.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+    s.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get HTTP 413 (default %(default)s)")
+    s.add_argument("--exit-on-engine-failure", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"exit with status {EXIT_ENGINE_FAILED} shortly after the engine loop fails, so "
+                        "the orchestrator restarts the server (default on; off: stay up, /health 503)")
+    s.add_argument("--enable-test-hooks", action="store_true",
+                   help="TEST ONLY, never in production: adds POST /debug/fault (behind the API key), "
+                        "which makes the next engine step raise")
 
 
 def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
@@ -138,9 +156,14 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
         raise ConfigError("--port must be between 0 and 65535")
     if args.shutdown_timeout < 0:
         raise ConfigError("--shutdown-timeout must be >= 0")
+    if args.max_request_body_bytes < 1:
+        raise ConfigError("--max-request-body-bytes must be positive")
     return ServerOptions(host=args.host, port=args.port, served_model_name=args.served_model_name,
                          api_keys=api_keys(args.api_key, environ), shutdown_timeout=args.shutdown_timeout,
-                         log_level=args.log_level, access_log=not args.no_access_log)
+                         log_level=args.log_level, access_log=not args.no_access_log,
+                         max_request_body_bytes=args.max_request_body_bytes,
+                         exit_on_engine_failure=args.exit_on_engine_failure,
+                         enable_test_hooks=args.enable_test_hooks)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,11 +207,29 @@ def make_server(app: Any, opts: ServerOptions) -> Any:
     import uvicorn
 
     class _Server(uvicorn.Server):
+        engine_failed = False
+        _dead_since: Optional[float] = None
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:
                 state = app.state.server
                 logger.info("%s", _describe(state.engine, state.served_model_name, opts))
+
+        async def on_tick(self, counter: int) -> bool:
+            """Every 0.1 s: once the engine is dead and the grace period (error events flushed,
+            /health seen as 503) is over, shut down so that the process exits non-zero."""
+            engine = app.state.server.engine
+            if opts.exit_on_engine_failure and engine.is_dead and not self.engine_failed:
+                now = time.monotonic()
+                if self._dead_since is None:
+                    self._dead_since = now
+                    logger.error("the engine failed (%s); exiting in %.1fs", engine.dead_error,
+                                 opts.engine_failure_grace)
+                elif now - self._dead_since >= opts.engine_failure_grace:
+                    self.engine_failed = True
+                    self.should_exit = True
+            return await super().on_tick(counter)
 
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
                             access_log=opts.access_log, timeout_graceful_shutdown=opts.shutdown_timeout,
@@ -215,7 +256,11 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"specserve: error: cannot load the model: {e}", file=sys.stderr)
         return 2
     app = create_app(engine, served_model_name=opts.served_model_name, api_keys=opts.api_keys,
-                     shutdown_timeout=opts.shutdown_timeout)
+                     shutdown_timeout=opts.shutdown_timeout,
+                     max_body_bytes=opts.max_request_body_bytes,
+                     enable_test_hooks=opts.enable_test_hooks)
+    if opts.enable_test_hooks:
+        logger.warning("--enable-test-hooks is on: POST /debug/fault can kill the engine (tests only)")
     server = make_server(app, opts)
     # uvicorn re-raises the captured signal once it has shut down; with these handlers in place that
     # re-raise is a no-op, so a drained SIGTERM ends with exit status 0.
@@ -225,6 +270,9 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if getattr(server, "engine_failed", False):
+        print(f"specserve: error: the engine failed: {engine.dead_error}", file=sys.stderr)
+        return EXIT_ENGINE_FAILED
     return 0 if server.started else 3
 
 

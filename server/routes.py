@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from server import __version__
 from server.auth import APIKeyChecker
+from server.debug import engine_state
 from server.errors import APIError
 from server.metrics import CONTENT_TYPE
 from server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -31,6 +32,7 @@ _GEN_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {**_ERR, "description": "invalid request: malformed JSON, wrong types, out-of-range or "
                                  "unsupported fields, prompt too long for the model"},
     404: {**_ERR, "description": "unknown model"},
+    413: {**_ERR, "description": "the request body is larger than --max-request-body-bytes"},
     500: {**_ERR, "description": "the engine failed while running the request"},
     503: {**_ERR, "description": "queue full (with Retry-After) or the engine is shutting down/dead",
           "headers": {"Retry-After": {"schema": {"type": "integer"},
@@ -94,7 +96,7 @@ def build_router(auth: APIKeyChecker) -> APIRouter:
                                  "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
     async def metrics(request: Request) -> Response:
         state = state_of(request)
-        state.metrics.refresh(state.engine.debug_state())
+        state.metrics.refresh(engine_state(state.engine))
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @router.get("/version", response_model=VersionResponse)
