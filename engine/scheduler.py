@@ -138,10 +138,8 @@ class Scheduler:
                 if req.num_output_tokens == 0:
                     req.num_cached_tokens = cached
             n = self._chunk(req, budget)
-            if n <= 0:
-                break
             samples, k_next, slots = self._slots_needed(req, n)
-            if not self.kv.allocate(req, slots):
+            if n <= 0 or not self.kv.allocate(req, slots):
                 # give back the prefix blocks it claimed: a waiting request must not hold KV
                 self.kv.free(req)
                 req.num_computed_tokens = req.num_draft_computed = 0
