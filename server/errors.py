@@ -21,6 +21,7 @@ from engine.types import ParamError
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 1
+_PARSE_FAILED = "There was an error parsing the body"  # FastAPI's detail; the cause says why
 
 _DEFAULT_TYPES = {
     400: "invalid_request_error",
@@ -103,6 +104,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return bad_request("; ".join(msgs) + more, param=param, code="invalid_value")
 
 
+def body_parse_error(cause: BaseException) -> APIError:
+    """Why the JSON body could not be read (FastAPI only says "There was an error parsing the body")."""
+    if isinstance(cause, RecursionError):
+        why = "it is nested too deeply"
+    elif isinstance(cause, UnicodeDecodeError):
+        why = f"it is not valid UTF-8 (byte {cause.start})"
+    else:
+        why = str(cause)[:200] or type(cause).__name__
+    return bad_request(f"the request body could not be parsed as JSON: {why}", code="invalid_json")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every exception FastAPI/Starlette can raise to an OpenAI-shaped response."""
 
@@ -116,6 +128,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None and exc.detail == _PARSE_FAILED:
+            return body_parse_error(exc.__cause__).response()
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         return APIError(exc.status_code, message, headers=getattr(exc, "headers", None)).response()
 

@@ -17,6 +17,7 @@ from engine.types import SamplingParams
 
 _MAX_N = SamplingParams.MAX_N
 _MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
+_MAX_TOP_K = 2**31 - 1  # the sampling kernels hold top_k in int32; any k >= vocab means "off"
 
 
 def _omit_none() -> Any:
@@ -57,7 +58,7 @@ class SamplingFields(BaseModel):
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     # vLLM extras that clients and load tools rely on
-    top_k: Optional[int] = Field(None, description="0 or -1 = off")
+    top_k: Optional[int] = Field(None, ge=-1, le=_MAX_TOP_K, description="0 or -1 = off")
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
     ignore_eos: bool = False

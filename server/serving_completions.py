@@ -27,6 +27,10 @@ def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int]
         return [(tokenize(state, raw, "prompt", req.add_special_tokens), raw)]
     if not raw:
         raise bad_request("prompt must not be empty", "prompt")
+    limit = state.engine.config.max_waiting_requests
+    if not isinstance(raw[0], int) and len(raw) > limit:  # a 503 would invite retries that cannot succeed
+        raise bad_request(f"this request has {len(raw)} prompts; at most {limit} (--max-waiting-requests) "
+                          "can be queued at once", "prompt")
     if isinstance(raw[0], str):
         return [(tokenize(state, p, "prompt", req.add_special_tokens), p) for p in raw]
     if isinstance(raw[0], int):
