@@ -158,10 +158,6 @@ def _spec_delta(now: SpecDecodeStats, before: SpecDecodeStats) -> SpecDecodeStat
                            now.num_accepted_tokens - before.num_accepted_tokens, per_pos)
 
 
-def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:
-    return SpecDecodeStats(s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos))
-
-
 @dataclass
 class _SeqState:
     num_tokens: int = 0
@@ -203,7 +199,8 @@ class RequestTracker:
             seq.last_token_time = now
             seq.num_tokens = len(comp.token_ids)
         self._m.add_spec_decode(_spec_delta(comp.spec_decode, seq.spec))
-        seq.spec = _copy_spec(comp.spec_decode)
+        seq.spec = SpecDecodeStats()
+        seq.spec.merge(comp.spec_decode)  # a snapshot: the engine's object is its own
         if comp.finish_reason is not None:
             self._finish_seq(seq, comp)
 
