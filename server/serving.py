@@ -93,7 +93,7 @@ def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
         raise bad_request(f"logit_bias keys must be token ids, got {sorted(raw)[:3]}", "logit_bias") from None
 
 
-def sampling_params(state: ServerState, req: SamplingFields, *, max_tokens: Optional[int],
+def sampling_params(req: SamplingFields, *, max_tokens: Optional[int],
                     logprobs: Optional[int]) -> SamplingParams:
     """The shared sampling fields -> engine SamplingParams (engine refusals become 400s)."""
     if req.stream_options is not None and not req.stream:

@@ -88,7 +88,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     _check_supported(req)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(state, req, max_tokens=max_tokens, logprobs=logprobs)
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
     ids, text = _prompt(state, req)
     request_id = new_request_id("chatcmpl")
     gen = await Generation.start(state, request_id, [(ids, text)], params)

@@ -83,7 +83,7 @@ async def create_completion(state: ServerState, req: CompletionRequest,
                             http: Request) -> CompletionResponse | Response:
     state.check_model(req.model)
     _check_supported(req)
-    params = sampling_params(state, req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+    params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
     prompts = _prompts(state, req)
     request_id = new_request_id("cmpl")
     gen = await Generation.start(state, request_id, prompts, params)
