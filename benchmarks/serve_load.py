@@ -1,0 +1,231 @@
+"""Throughput under load through the HTTP server, in the style of ``vllm bench serve``.
+
+A real ``specserve serve`` runs as a child process on a free 127.0.0.1 port. Each concurrency
+level sends a bounded number of streaming /v1/completions requests (token-id prompts, greedy,
+``ignore_eos``, ``return_token_ids`` so every SSE chunk says how many tokens it carries) with at
+most ``concurrency`` in flight. Per request: TTFT (send -> first chunk with tokens), ITL (gaps
+between chunks), TPOT ((last - first chunk) / (tokens - 1)), E2E. Speculative-decoding acceptance
+comes from /metrics scraped before and after each level: acceptance rate = accepted / draft
+tokens, acceptance length = 1 + accepted / drafts, per position = accepted_per_pos[i] / drafts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import httpx
+
+from benchmarks.timing import percentile
+
+_SPEC = "specserve:spec_decode_"
+PERCENTILES = (50, 90, 99)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m server.cli serve ARGV --host 127.0.0.1 --port P`` as a child process."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, cwd: Path,
+                 extra_env: Optional[dict[str, str]] = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "server.cli", "serve", *argv, "--host", "127.0.0.1",
+               "--port", str(self.port), "--log-level", "warning", "--no-access-log"]
+        self.command = cmd
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float) -> str:
+        """Poll /health until it answers; return the served model name."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    models = httpx.get(self.url + "/v1/models", timeout=5.0).json()
+                    return models["data"][0]["id"]
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"the server did not become healthy in {timeout:.0f}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 2000) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace")
+        return text[-n:]
+
+    def stop(self, timeout: float = 30.0) -> Optional[int]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---- /metrics ------------------------------------------------------------------------------
+@dataclass
+class SpecCounters:
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_pos: dict[int, float] = field(default_factory=dict)
+    generation_tokens: float = 0.0
+
+    def minus(self, other: "SpecCounters") -> "SpecCounters":
+        return SpecCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
+                            self.accepted - other.accepted,
+                            {p: v - other.per_pos.get(p, 0.0) for p, v in self.per_pos.items()},
+                            self.generation_tokens - other.generation_tokens)
+
+    def summary(self) -> dict:
+        d = self.drafts
+        return {"num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens,
+                "num_accepted_tokens": self.accepted, "generation_tokens": self.generation_tokens,
+                "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
+                "acceptance_length": 1 + self.accepted / d if d else None,
+                "per_position_acceptance": [self.per_pos[p] / d for p in sorted(self.per_pos)] if d else []}
+
+
+def scrape_spec_counters(url: str) -> SpecCounters:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    c = SpecCounters()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == _SPEC + "num_drafts_total":
+                c.drafts += s.value
+            elif s.name == _SPEC + "num_draft_tokens_total":
+                c.draft_tokens += s.value
+            elif s.name == _SPEC + "num_accepted_tokens_total":
+                c.accepted += s.value
+            elif s.name == _SPEC + "num_accepted_tokens_per_pos_total":
+                pos = int(s.labels["position"])
+                c.per_pos[pos] = c.per_pos.get(pos, 0.0) + s.value
+            elif s.name == "specserve:generation_tokens_total":
+                c.generation_tokens += s.value
+    return c
+
+
+# ---- load ----------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    start: float
+    end: float = 0.0
+    chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival time, tokens)
+    completion_tokens: Optional[int] = None
+    error: Optional[str] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+
+async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
+    rec = RequestRecord(time.perf_counter())
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    rec.error = str(obj["error"])[:300]
+                    continue
+                n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+                if n:
+                    rec.chunks.append((time.perf_counter(), n))
+                if obj.get("usage"):
+                    rec.completion_tokens = obj["usage"].get("completion_tokens")
+    except httpx.HTTPError as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        rec.end = time.perf_counter()
+    return rec
+
+
+async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,
+                 concurrency: int, timeout: float) -> tuple[list[RequestRecord], float]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        async def bounded(prompt: list[int]) -> RequestRecord:
+            body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+                    "ignore_eos": True, "stream": True, "return_token_ids": True,
+                    "stream_options": {"include_usage": True}}
+            async with sem:
+                return await _one_request(client, url, body)
+
+        t0 = time.perf_counter()
+        records = await asyncio.gather(*(bounded(p) for p in prompts))
+        return list(records), time.perf_counter() - t0
+
+
+def _stats_ms(xs: list[float]) -> dict:
+    out = {"mean": 1e3 * sum(xs) / len(xs) if xs else None}
+    for q in PERCENTILES:
+        v = percentile(xs, q)
+        out[f"p{q}"] = None if v is None else 1e3 * v
+    return out
+
+
+def summarize(records: list[RequestRecord], duration: float) -> dict:
+    ok = [r for r in records if r.error is None and r.chunks]
+    ttft = [r.chunks[0][0] - r.start for r in ok]
+    itl = [b[0] - a[0] for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
+    tpot = [(r.chunks[-1][0] - r.chunks[0][0]) / (r.num_tokens - 1) for r in ok if r.num_tokens > 1]
+    e2e = [r.end - r.start for r in ok]
+    tokens = sum(r.num_tokens for r in ok)
+    mismatched = sum(1 for r in ok if r.completion_tokens is not None and r.completion_tokens != r.num_tokens)
+    return {"num_requests": len(records), "completed": len(ok),
+            "failed": len(records) - len(ok), "errors": sorted({r.error for r in records if r.error})[:3],
+            "duration_s": duration, "output_tokens": tokens, "output_tok_per_s": tokens / duration,
+            "request_per_s": len(ok) / duration, "usage_mismatches": mismatched,
+            "ttft_ms": _stats_ms(ttft), "itl_ms": _stats_ms(itl), "tpot_ms": _stats_ms(tpot),
+            "e2e_ms": _stats_ms(e2e)}
+
+
+def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int,
+              timeout: float = 600.0) -> dict:
+    """One concurrency level: the load, its latency summary and the /metrics acceptance delta."""
+    before = scrape_spec_counters(url)
+    records, duration = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout))
+    after = scrape_spec_counters(url)
+    return {"concurrency": concurrency, **summarize(records, duration),
+            "spec_decode": after.minus(before).summary()}

@@ -1,0 +1,47 @@
+"""What verification and drafting cost at batch 1, on the runner's own forward.
+
+* verify ratio: one target forward over k+1 tokens (logits at every position, as verification
+  needs) divided by one target forward over 1 token, both after ``context`` earlier positions.
+  Batch-1 decode is bandwidth-bound, so ideally the ratio stays near 1 for small k. Each forward
+  runs the way a step would run it (a CUDA graph where one was captured for that query length,
+  else eager); the eager/eager ratio is reported beside it so a row never compares a graph with
+  an eager launch without saying so.
+* draft step: one draft forward over 1 token, against the draft's own roofline
+  (draft bytes per step / bandwidth). A launch-bound draft shows up here as a large ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.core import EngineCore
+
+from benchmarks.engines import time_forward, weight_bytes
+
+
+def verify_costs(core: EngineCore, ks: Sequence[int], context: int, warmup: int,
+                 repeats: int) -> dict:
+    """Median forward times at batch 1: 1 token, k+1 tokens for each k (as run, and eager)."""
+    d = time_forward(core, "target", 1, 1, context, warmup, repeats)
+    d_eager = time_forward(core, "target", 1, 1, context, warmup, repeats, eager=True) if d.graph else d
+    rows = []
+    for k in ks:
+        v = time_forward(core, "target", 1, k + 1, context, warmup, repeats)
+        v_eager = time_forward(core, "target", 1, k + 1, context, warmup, repeats, eager=True) if v.graph else v
+        rows.append({"k": k, "tokens": k + 1, "seconds": v.seconds, "graph": v.graph,
+                     "ratio_to_decode": v.seconds / d.seconds,
+                     "eager_seconds": v_eager.seconds, "eager_ratio": v_eager.seconds / d_eager.seconds})
+    return {"context": context, "decode_seconds": d.seconds, "decode_graph": d.graph,
+            "decode_eager_seconds": d_eager.seconds, "verify": rows}
+
+
+def draft_cost(core: EngineCore, bandwidth_bytes_per_s: float, context: int, warmup: int,
+               repeats: int) -> dict:
+    """One draft-model step (1 token, batch 1) vs the draft's bandwidth roofline."""
+    td = time_forward(core, "draft", 1, 1, context, warmup, repeats)
+    tt = time_forward(core, "target", 1, 1, context, warmup, repeats)
+    wb = weight_bytes(core.runner.draft)
+    roof_s = wb["bytes_per_decode_step"] / bandwidth_bytes_per_s
+    return {**wb, "context": context, "draft_step_seconds": td.seconds, "draft_graph": td.graph,
+            "roofline_step_seconds": roof_s, "ratio_to_roofline": td.seconds / roof_s,
+            "target_step_seconds": tt.seconds, "c": td.seconds / tt.seconds}

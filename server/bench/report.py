@@ -1,0 +1,191 @@
+"""Sections, goals and the two outputs: bench.json (raw numbers) and bench.md (tables).
+
+A :class:`Section` is one table: columns, rows (plain dicts of numbers), notes, and for the JSON
+``data`` with everything measured. Rows carry ``goal`` and ``status``; status says "met", or by
+how much the goal was missed, or why there is no number ("skipped: ...").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+MET = "met"
+
+
+@dataclass
+class Column:
+    key: str
+    header: str
+    kind: str = "num"   # num | int | x | pct | ms | us | gbps | gb | tps | str | bool | row
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: Optional[str] = None
+    error: Optional[str] = None
+    data: dict[str, Any] = field(default_factory=dict)
+    extra_markdown: str = ""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"title": self.title, "skipped": self.skipped, "error": self.error,
+                "seconds": self.seconds, "rows": self.rows, "notes": self.notes, "data": self.data}
+
+
+# ---- goals ---------------------------------------------------------------------------------
+def at_most(value: Optional[float], limit: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return MET if value <= limit else f"missed by {100 * (value / limit - 1):.0f}% (over)"
+
+
+def at_least(value: Optional[float], limit: float) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return MET if value >= limit else f"missed by {100 * (1 - value / limit):.0f}% (short)"
+
+
+def within(value: Optional[float], target: Optional[float], tolerance: float) -> str:
+    """|value / target - 1| <= tolerance."""
+    if value is None or target is None or target == 0:
+        return "n/a"
+    off = value / target - 1
+    side = "above" if off > 0 else "below"
+    if abs(off) <= tolerance:
+        return f"{MET} ({100 * off:+.0f}%)"
+    return f"missed: {100 * abs(off):.0f}% {side} (allowed {100 * tolerance:.0f}%)"
+
+
+def is_met(status: str) -> bool:
+    return status.startswith(MET)
+
+
+# ---- formatting ----------------------------------------------------------------------------
+def _num(v: float) -> str:
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e5 or a < 1e-3:
+        return f"{v:.3g}"
+    if a >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+_FORMATS: dict[str, Callable[[Any], str]] = {
+    "num": _num,
+    "int": lambda v: f"{int(v):,}",
+    "x": lambda v: f"{v:.2f}x",
+    "pct": lambda v: f"{100 * v:.1f}%",
+    "ms": lambda v: f"{1e3 * v:.3g} ms" if v < 1 else f"{v:.3g} s",
+    "us": lambda v: f"{1e6 * v:.3g} µs",
+    "gbps": lambda v: f"{v / 1e9:,.1f} GB/s",
+    "gb": lambda v: f"{v / 1e9:.3g} GB",
+    "tps": lambda v: f"{v:,.1f}",
+    "str": str,
+    "bool": lambda v: "yes" if v else "no",
+}
+
+
+def fmt(value: Any, kind: str) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, str) and kind != "str":
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        return _FORMATS[kind](value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def markdown_table(section: Section) -> str:
+    cols = section.columns
+    lines = ["| " + " | ".join(c.header for c in cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for row in section.rows:
+        cells = [fmt(row.get(c.key), row.get("kind", "num") if c.kind == "row" else c.kind)
+                 .replace("|", "\\|") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def section_markdown(index: int, section: Section) -> str:
+    out = [f"## {index}. {section.title}", ""]
+    if section.error:
+        out += [f"**failed:** `{section.error}`", ""]
+    elif section.skipped:
+        out += [f"skipped: {section.skipped}", ""]
+    if section.rows:
+        out += [markdown_table(section), ""]
+    if section.extra_markdown:
+        out += [section.extra_markdown.strip(), ""]
+    out += [f"- {n}" for n in section.notes]
+    if section.notes:
+        out.append("")
+    return "\n".join(out)
+
+
+def header_markdown(env: dict, settings: dict) -> str:
+    keys = [("date", "Date (UTC)"), ("device", "Device"), ("command", "Command"),
+            ("torch", "torch"), ("cuda", "CUDA"), ("triton", "triton"), ("transformers", "transformers")]
+    lines = ["# specserve bench", ""]
+    for k, label in keys:
+        v = env.get(k)
+        lines.append(f"- **{label}:** `{v}`" if k == "command" else f"- **{label}:** {v if v else '–'}")
+    shown = ("quick", "dtype", "kernel_backend", "execution_mode", "k", "max_model_len", "prompt_len",
+             "output_len", "batch_sizes")
+    lines.append("- **Settings:** " + ", ".join(f"{k}={settings[k]}" for k in shown if k in settings))
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(sections: list[Section]) -> str:
+    """One line per goal row across sections: the at-a-glance view."""
+    lines = ["## Goals at a glance", "", "| Section | Row | Goal | Status |", "|---|---|---|---|"]
+    for s in sections:
+        if s.error or (s.skipped and not s.rows):
+            lines.append(f"| {s.name} | – | – | {'failed' if s.error else 'skipped: ' + str(s.skipped)} |")
+        for r in s.rows:
+            if r.get("goal"):
+                lines.append(f"| {s.name} | {r.get('label', '')} | {r['goal']} | {r.get('status', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out_dir: Path, env: dict, settings: dict, sections: list[Section],
+                  plots: list[str], plot_note: Optional[str]) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"env": env, "settings": settings, "plots": plots, "plot_note": plot_note,
+           "failed_sections": [s.name for s in sections if s.error],
+           "sections": {s.name: s.as_dict() for s in sections}}
+    json_path = out_dir / "bench.json"
+    json_path.write_text(json.dumps(doc, indent=2, default=_json_default, allow_nan=True) + "\n")
+    parts = [header_markdown(env, settings), summary_markdown(sections)]
+    parts += [section_markdown(i + 1, s) for i, s in enumerate(sections)]
+    if plots or plot_note:
+        parts.append("## Plots\n")
+        parts += [f"![{Path(p).stem}]({Path(p).name})\n" for p in plots]
+        if plot_note:
+            parts.append(f"- {plot_note}\n")
+    md_path = out_dir / "bench.md"
+    md_path.write_text("\n".join(parts))
+    return json_path, md_path
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
