@@ -1,0 +1,68 @@
+"""The goal judgements and the option handling of ``specserve bench`` (no torch, milliseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.bench.options import SECTIONS, options_from_args
+from server.bench.report import Column, Section, at_least, at_most, markdown_table, within
+from server.cli import build_parser
+
+
+@pytest.mark.parametrize("value,limit,expected", [
+    (1.05, 1.10, "met"), (1.10, 1.10, "met"), (1.21, 1.10, "missed by 10% (over)"),
+    (3.0, 1.5, "missed by 100% (over)"), (None, 1.1, "n/a"), (float("nan"), 1.1, "n/a")])
+def test_at_most(value, limit, expected):
+    assert at_most(value, limit) == expected
+
+
+@pytest.mark.parametrize("value,limit,expected", [
+    (0.90, 0.85, "met"), (0.68, 0.85, "missed by 20% (short)"), (1.5, 3.0, "missed by 50% (short)")])
+def test_at_least(value, limit, expected):
+    assert at_least(value, limit) == expected
+
+
+def test_within_says_which_side_and_by_how_much():
+    assert within(1.05, 1.0, 0.10) == "met (+5%)"
+    assert within(0.95, 1.0, 0.10) == "met (-5%)"
+    assert within(1.25, 1.0, 0.10) == "missed: 25% above (allowed 10%)"
+    assert within(0.5, 1.0, 0.10) == "missed: 50% below (allowed 10%)"
+    assert within(None, 1.0, 0.1) == "n/a" and within(1.0, None, 0.1) == "n/a"
+
+
+def test_markdown_table_formats_per_column_and_per_row():
+    s = Section("x", "X", [Column("label", "Q", "str"), Column("value", "V", "row"),
+                           Column("t", "T", "ms"), Column("r", "R", "x")],
+                rows=[{"label": "bw", "value": 3.0e12, "kind": "gbps", "t": 0.0123, "r": 1.234},
+                      {"label": "a|b", "value": 0.8512, "kind": "pct"}])
+    lines = markdown_table(s).splitlines()
+    assert lines[0] == "| Q | V | T | R |"
+    assert lines[2] == "| bw | 3,000.0 GB/s | 12.3 ms | 1.23x |"
+    assert lines[3] == "| a\\|b | 85.1% | – | – |"
+
+
+def _parse(*argv: str):
+    return build_parser().parse_args(["bench", *argv])
+
+
+def test_bench_is_a_specserve_subcommand_with_quick_preset():
+    opts = options_from_args(_parse("--out", "/tmp/x", "--quick", "--k", "3"))
+    assert opts.quick and opts.k == 3 and opts.batch_sizes == (1, 4) and opts.cpu_threads == 1
+    full = options_from_args(_parse("--out", "/tmp/x", "--batch-sizes", "1,8", "--sections", "roofline,e2e"))
+    assert full.batch_sizes == (1, 8) and full.sections == ("roofline", "e2e")
+    assert full.serve_concurrency == (1, 16, 64) and full.output_len == 128
+    assert options_from_args(_parse("--out", "/tmp/x")).sections == SECTIONS
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(SystemExit):
+        _parse("--out", "/tmp/x", "--sections", "roofline,nope")
+    with pytest.raises(ValueError, match="pair-draft"):
+        options_from_args(_parse("--out", "/tmp/x", "--pair-target", "/tmp/t"))
+    with pytest.raises(ValueError, match="--k"):
+        options_from_args(_parse("--out", "/tmp/x", "--k", "0"))
+
+
+def test_requests_per_level_are_bounded():
+    opts = options_from_args(_parse("--out", "/tmp/x"))
+    assert [opts.requests_for(c) for c in (1, 16, 64, 256)] == [8, 32, 128, 128]

@@ -1,0 +1,189 @@
+"""``specserve bench --quick --device cpu``: the whole benchmark at toy size, checked for sanity.
+
+One real run (a subprocess, exactly as a user types it) over a tiny trained-format pair built by
+the tests (Qwen3 target + a lightly perturbed copy as draft) and the benchmark's own tiny dummy
+shapes. The checks are about the numbers being the right numbers, not about speed: greedy
+speculative output equals plain output in fp32 (and equals transformers' assisted generation),
+self-draft accepts every draft, the formula columns are the stated formulas of the measured
+columns, the client-side token count equals the /metrics delta, the files are complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+K = 4
+SERVE_CONCURRENCY = (1, 4)
+SERVE_OUTPUT = 8
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("bench")
+    target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
+    out = root / "out"
+    cmd = [sys.executable, "-m", "server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
+           "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
+           "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
+           "--serve-output-len", str(SERVE_OUTPUT)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    doc = json.loads((out / "bench.json").read_text())
+    return {"out": out, "doc": doc, "md": (out / "bench.md").read_text(), "stderr": proc.stderr,
+            "seconds": seconds}
+
+
+def _section(run: dict, name: str) -> dict:
+    s = run["doc"]["sections"][name]
+    assert s["error"] is None, f"section {name} failed: {s['error']}\n{s['data'].get('traceback')}"
+    return s
+
+
+def test_environment_and_progress(bench_run):
+    env = bench_run["doc"]["env"]
+    for key in ("date", "device", "torch", "transformers", "command", "python"):
+        assert env[key], key
+    assert "bench --out" in env["command"] and "--quick" in env["command"]
+    assert env["device"].startswith("CPU")
+    assert bench_run["doc"]["settings"]["execution_mode"] == "eager (CPU)"
+    assert bench_run["doc"]["failed_sections"] == []
+    # progress lines for every section, as it goes
+    for name in ("roofline", "verify", "sampler", "e2e", "peer", "serve"):
+        assert f"== section {name} ==" in bench_run["stderr"]
+
+
+def test_roofline_numbers_are_consistent(bench_run):
+    d = _section(bench_run, "roofline")["data"]
+    bw = d["bandwidth"]["bytes_per_s"]
+    assert bw > 1e8, "a CPU copies more than 100 MB/s"
+    assert d["roofline_tok_per_s"] == pytest.approx(bw / d["bytes_per_decode_step"], rel=1e-9)
+    assert d["fraction_of_roofline"] == pytest.approx(d["measured_tok_per_s"] / d["roofline_tok_per_s"],
+                                                      rel=1e-9)
+    # the tiny target: 4 layers, hidden 256, untied 4096-word vocabulary, fp32
+    assert d["parameter_bytes"] == 4 * d["num_parameters"]
+    embedding = 4096 * 256 * 4
+    assert d["bytes_per_decode_step"] == d["parameter_bytes"] - embedding + 256 * 4
+    assert d["decode"]["steps"] == 8 and d["measured_tok_per_s"] > 0
+
+
+def test_verify_rows_and_goal(bench_run):
+    s = _section(bench_run, "verify")
+    ks = [r["k"] for r in s["data"]["target"]["verify"]]
+    assert ks == [2, 4, 8]
+    goal_rows = [r for r in s["rows"] if r.get("goal")]
+    assert len(goal_rows) == 2                    # verify at k = 4, draft vs its roofline
+    for r in goal_rows:
+        assert r["status"] == "met" if r["ratio"] <= float(r["goal"].split()[1].rstrip("x")) \
+            else r["status"].startswith("missed by")
+    draft = s["data"]["draft"]
+    assert draft["ratio_to_roofline"] == pytest.approx(
+        draft["draft_step_seconds"] / draft["roofline_step_seconds"], rel=1e-9)
+    assert draft["bytes_per_decode_step"] == draft["parameter_bytes"]   # tied draft: LM head = embedding
+
+
+def test_e2e_exactness_acceptance_and_formula(bench_run):
+    s = _section(bench_run, "e2e")
+    pairs = s["data"]["pairs"]
+    assert len(pairs) == 3, list(pairs)           # the given pair, self-draft, dummy pair
+    for label, rows in pairs.items():
+        assert [r["batch"] for r in rows] == [1, 4]
+        for r in rows:
+            b = r["batch"]
+            # greedy fp32: speculation changes nothing in the output
+            assert r["identical_greedy_outputs"] == f"{b}/{b}", (label, b)
+            assert r["measured_speedup"] == pytest.approx(r["spec_tok_per_s"] / r["no_spec_tok_per_s"])
+            e, c = r["acceptance_length"], r["c"]
+            assert 1.0 <= e <= K + 1
+            assert r["predicted_speedup"] == pytest.approx(e / (K * c + 1))
+            assert r["predicted_speedup_with_verify_cost"] == pytest.approx(e / (K * c + r["v"]))
+            run = r["spec_run"]
+            assert run["total_tokens"] == b * 16              # --quick output_len, ignore_eos
+            assert r["no_spec_run"]["spec_decode"]["num_drafts"] == 0
+    self_rows = next(rows for label, rows in pairs.items() if "self-draft" in label)
+    for r in self_rows:
+        # the draft is the target itself: every draft is accepted (fp32, greedy)
+        assert r["acceptance_length"] == pytest.approx(K + 1, abs=0.3)
+        assert r["c"] == pytest.approx(1.0, abs=0.5)
+
+
+def test_peer_matches_transformers(bench_run):
+    d = _section(bench_run, "peer")["data"]
+    assert d["identical_tokens"], "greedy assisted generation must produce our tokens (fp32)"
+    assert d["ratio"] == pytest.approx(d["ours_tok_per_s"] / d["hf_tok_per_s"])
+    assert d["ours_tok_per_s"] > 0 and d["hf_tok_per_s"] > 0
+
+
+def test_serve_levels_add_up(bench_run):
+    s = _section(bench_run, "serve")
+    levels = s["data"]["levels"]
+    assert [lvl["concurrency"] for lvl in levels] == list(SERVE_CONCURRENCY)
+    for lvl in levels:
+        n = lvl["num_requests"]
+        assert lvl["failed"] == 0 and lvl["completed"] == n, lvl["errors"]
+        assert lvl["output_tokens"] == n * SERVE_OUTPUT
+        assert lvl["usage_mismatches"] == 0
+        sd = lvl["spec_decode"]
+        # what the client counted is what /metrics counted between the two scrapes
+        assert sd["generation_tokens"] == lvl["output_tokens"]
+        assert 1.0 <= sd["acceptance_length"] <= K + 1
+        per_pos = sd["per_position_acceptance"]
+        assert len(per_pos) == K and all(a >= b for a, b in zip(per_pos, per_pos[1:]))
+        for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            p50, p90, p99 = (lvl[metric][q] for q in ("p50", "p90", "p99"))
+            assert 0 < p50 <= p90 <= p99, (metric, lvl[metric])
+        assert lvl["ttft_ms"]["p50"] <= lvl["e2e_ms"]["p50"]
+    assert (bench_run["out"] / "serve.log").exists()
+
+
+def test_sampler_section(bench_run):
+    s = bench_run["doc"]["sections"]["sampler"]
+    if not (REPO / "benchmarks" / "rejection_sampler.py").exists():
+        assert s["skipped"] and "rejection_sampler.py" in s["skipped"]
+        return
+    assert s["error"] is None, s["error"]
+    assert s["rows"], "the sampler benchmark ran but produced no rows"
+
+
+def test_markdown_tables_and_plots(bench_run):
+    md = bench_run["md"]
+    for i, title in enumerate(("Batch-1 decode", "Verification", "Rejection sampler", "End to end",
+                               "Peer", "Throughput under load"), start=1):
+        assert f"## {i}. {title}" in md
+    assert "## Goals at a glance" in md and "Date (UTC)" in md and "Device" in md
+    goal_lines = [ln for ln in md.splitlines() if ln.startswith("| ") and "Goal" not in ln
+                  and (">=" in ln or "<=" in ln or "within" in ln)]
+    assert goal_lines
+    for ln in goal_lines:
+        assert any(w in ln for w in ("| met", "missed", "n/a", "skipped")), ln
+    # every table row has as many cells as its header
+    table, width = [], None
+    for ln in md.splitlines() + [""]:
+        if ln.startswith("|"):
+            cells = ln.count("|") - ln.count("\\|")
+            width = width or cells
+            assert cells == width, ln
+        else:
+            width = None
+    for name in ("e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png"):
+        png = bench_run["out"] / name
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+        assert f"]({name})" in md
+    doc = bench_run["doc"]
+    assert set(doc["plots"]) >= {"e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png"}
+    assert not math.isnan(doc["sections"]["roofline"]["data"]["fraction_of_roofline"])
