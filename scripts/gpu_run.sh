@@ -13,7 +13,7 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())'; } 2>&1 | tee "$OUT/env.txt"
 what="${1:-tests}"; shift || true
 if [[ "$what" == *tests* ]]; then
-  timeout "${GPU_TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q -x --timeout 240 -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log"
+  timeout "${GPU_TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q --timeout 240 -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log"
 fi
 if [[ "$what" == *bench* ]]; then
   timeout "${GPU_BENCH_TIMEOUT:-360}" python3 -m server.cli bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"

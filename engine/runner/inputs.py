@@ -27,7 +27,11 @@ class ForwardInputs:
     logits_indices: torch.Tensor   # [num_logit_rows] int64, rows of the hidden states to project
 
 
-def build_inputs(items: list[ForwardItem], block_size: int, device: torch.device) -> ForwardInputs:
+def build_inputs(items: list[ForwardItem], block_size: int, device: torch.device,
+                 max_seq_len_bound: int | None = None) -> ForwardInputs:
+    """``max_seq_len_bound`` (the model's context limit) replaces the batch's own longest context
+    as the attention kernel's launch bound, so eager steps launch exactly the kernels a CUDA graph
+    captured with that bound does (and round identically)."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -58,6 +62,6 @@ def build_inputs(items: list[ForwardItem], block_size: int, device: torch.device
         query_start_loc=t(qsl, torch.int32),
         seq_lens=t(seq_lens, torch.int32),
         max_query_len=max((len(it.token_ids) for it in items), default=0),
-        max_seq_len=max(seq_lens, default=0),
+        max_seq_len=max_seq_len_bound or max(seq_lens, default=0),
     )
     return ForwardInputs(t(ids, torch.int64), t(pos, torch.int64), meta, t(logit_rows, torch.int64))

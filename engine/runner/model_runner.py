@@ -88,7 +88,8 @@ class ModelRunner:
         if graph is not None and graph.fits(items):
             return graph.run(items, input_ids)
         model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
-        inputs = build_inputs(items, self.block_size, self.device)
+        bound = self.max_model_len if self.device.type == "cuda" else None
+        inputs = build_inputs(items, self.block_size, self.device, bound)
         ids = inputs.input_ids if input_ids is None else input_ids
         hidden = model(ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel() == 0:
