@@ -163,7 +163,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,
-        served_model_name=config.served_model_name or Path(target_path).name,
+        served_model_name=config.served_model_name or (DEMO_MODEL if config.model == DEMO_MODEL else Path(target_path).name),
         num_speculative_tokens=num_spec, rejection_sample_method=spec_cfg.rejection_sample_method,
         draft_sample_method=spec_cfg.draft_sample_method, max_model_len=max_len, device=str(device),
         dtype=str(dtype).replace("torch.", ""), kernel_backend=backend, num_kv_blocks=blocks,

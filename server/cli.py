@@ -64,38 +64,58 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help=f"draft tokens per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS} with a draft)")
     g.add_argument("--speculative-config", default=None,
                    help='vLLM form: {"method":"draft_model","model":DIR,"num_speculative_tokens":K}')
-    g.add_argument("--rejection-sample-method", choices=["probabilistic", "strict"], default=None)
-    g.add_argument("--draft-sample-method", choices=["sample", "greedy"], default=None)
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
-    g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default=d.load_format)
+    g.add_argument("--rejection-sample-method", choices=["probabilistic", "strict"], default=None,
+                   help="probabilistic (default): accept a draft with min(1, p/q) using the draft's "
+                        "probabilities; strict: accept only when it equals the target's own sample "
+                        "(also exact, accepts less)")
+    g.add_argument("--draft-sample-method", choices=["sample", "greedy"], default=None,
+                   help="sample (default): the draft samples inside the request's temperature/top-k/"
+                        "top-p and keeps its probabilities; greedy: argmax drafts, no stored "
+                        "probabilities (less memory, lower acceptance when sampling)")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype,
+                   help="weights and KV cache; auto: the checkpoint's dtype on GPU, float32 on CPU")
+    g.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default=d.load_format,
+                   help="dummy: random weights from config.json alone (benchmarks at real sizes)")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N")
-    g.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default=d.kernel_backend)
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default=d.kernel_backend,
+                   help="auto: Triton kernels on CUDA, the PyTorch reference kernels on CPU")
+    g.add_argument("--seed", type=int, default=d.seed,
+                   help="seeds dummy weights and the per-request seeds of requests that give none")
     c = p.add_argument_group("cache and scheduling")
-    c.add_argument("--block-size", type=int, default=d.block_size)
-    c.add_argument("--num-kv-blocks", type=int, default=None)
+    c.add_argument("--block-size", type=int, default=d.block_size,
+                   help="tokens per KV-cache block (power of two)")
+    c.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="force the KV pool size in blocks (overrides the memory-based sizing)")
     c.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (target + draft KV)")
-    c.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    c.add_argument("--max-model-len", type=int, default=None)
-    c.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    c.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    c.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    c.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="fraction of GPU memory for weights + KV cache (the rest is left free)")
+    c.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit (prompt + output); default: the models' max_position_embeddings")
+    c.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help="sequences running at once (each of a request's n counts)")
+    c.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="token budget of one step; longer prompts are prefilled in chunks")
+    c.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
+                   help="queued requests beyond this get HTTP 503 with Retry-After")
     c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=d.enable_prefix_caching)
-    c.add_argument("--enforce-eager", action="store_true")
+                   default=d.enable_prefix_caching,
+                   help="reuse the KV of full blocks of shared prompt prefixes (default on)")
+    c.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs (they are captured at start-up on GPU by default)")
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("server")
-    s.add_argument("--host", default=ServerOptions.host)
-    s.add_argument("--port", type=int, default=ServerOptions.port)
-    s.add_argument("--served-model-name", default=None)
+    s.add_argument("--host", default=ServerOptions.host, help="address to listen on (default %(default)s)")
+    s.add_argument("--port", type=int, default=ServerOptions.port, help="port (default %(default)s)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model id clients send and /v1/models lists (default: the directory's name)")
     s.add_argument("--api-key", action="append", default=[],
                    help=f"required bearer key for /v1/* (repeatable; also ${API_KEY_ENV}, comma-separated)")
     s.add_argument("--shutdown-timeout", type=float, default=ServerOptions.shutdown_timeout,
                    help="seconds SIGTERM waits for in-flight requests before aborting them")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
-                   default=ServerOptions.log_level)
+                   default=ServerOptions.log_level, help="log verbosity (default %(default)s)")
     s.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
     s.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get HTTP 413 (default %(default)s)")
