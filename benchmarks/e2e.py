@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from engine.core import EngineCore
-
 from benchmarks.engines import GenerationRun, random_prompts, run_generation, time_forward
+from engine.core import EngineCore
 
 
 @dataclass(frozen=True)

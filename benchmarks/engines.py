@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from benchmarks.timing import median, synchronize, time_calls
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.models.llama import LlamaFamilyModel
@@ -28,12 +29,9 @@ from engine.models.loader import load_model
 from engine.models.spec import read_model_spec
 from engine.runner.inputs import ForwardItem
 from engine.runner.model_runner import ModelRunner
-from engine.setup import (EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device,
-                          pick_dtype)
+from engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
 from engine.types import SamplingParams, SpecDecodeStats
 from kernels.backend import set_backend
-
-from benchmarks.timing import median, synchronize, time_calls
 
 MAX_K = 16   # the largest k any engine of a cache may use (RoPE tables are sized for it)
 

@@ -15,10 +15,9 @@ from typing import Any, Callable
 
 import torch
 
-from engine.core import EngineCore
-
 from benchmarks.engines import random_prompts, run_generation
 from benchmarks.timing import median, synchronize
+from engine.core import EngineCore
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -60,6 +59,13 @@ def _timed(fn: Callable[[], list[int]], device: torch.device, repeats: int) -> t
     return median(times), tokens
 
 
+def _time_hf(target_dir: str, draft_dir: str, device: torch.device, dtype: torch.dtype, k: int,
+             prompt: list[int], output_len: int, repeats: int) -> tuple[float, list[int]]:
+    """transformers' models live only in this frame: freed when it returns."""
+    target, draft = load_hf_pair(target_dir, draft_dir, device, dtype, k)
+    return _timed(lambda: hf_generate(target, draft, prompt, output_len), device, repeats)
+
+
 def compare_with_hf(core: EngineCore, target_dir: str, draft_dir: str, k: int, prompt_len: int,
                     output_len: int, repeats: int, seed: int = 0) -> dict:
     """Batch-1 tokens/s: ours (speculative, k) vs transformers assisted generation (same k)."""
@@ -74,15 +80,11 @@ def compare_with_hf(core: EngineCore, target_dir: str, draft_dir: str, k: int, p
         return run_generation(core, [prompt], output_len, f"peer-{next(counter)}").outputs["0"]
 
     ours_s, ours_tokens = _timed(ours, device, repeats)
-    target, draft = load_hf_pair(target_dir, draft_dir, device, dtype, k)
-    try:
-        hf_s, hf_tokens = _timed(lambda: hf_generate(target, draft, prompt, output_len), device, repeats)
-    finally:
-        del target, draft
+    hf_s, hf_tokens = _time_hf(target_dir, draft_dir, device, dtype, k, prompt, output_len, repeats)
     if len(hf_tokens) != output_len:
         raise RuntimeError(f"transformers produced {len(hf_tokens)} tokens, expected {output_len}")
     ours_tps, hf_tps = output_len / ours_s, output_len / hf_s
-    prefix = next((i for i, (a, b) in enumerate(zip(ours_tokens, hf_tokens)) if a != b), output_len)
+    prefix = next((i for i, (a, b) in enumerate(zip(ours_tokens, hf_tokens, strict=False)) if a != b), output_len)
     return {"k": k, "prompt_len": prompt_len, "output_len": output_len, "repeats": repeats,
             "ours_seconds": ours_s, "hf_seconds": hf_s, "ours_tok_per_s": ours_tps,
             "hf_tok_per_s": hf_tps, "ratio": ours_tps / hf_tps,

@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from engine.core import EngineCore
-from engine.types import SamplingParams
-
 from benchmarks.engines import random_prompts, weight_bytes
 from benchmarks.timing import median
+from engine.core import EngineCore
+from engine.types import SamplingParams
 
 
 @dataclass

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from engine.core import EngineCore
-
 from benchmarks.engines import time_forward, weight_bytes
+from engine.core import EngineCore
 
 
 def verify_costs(core: EngineCore, ks: Sequence[int], context: int, warmup: int,

@@ -18,7 +18,6 @@ from typing import Any, Optional
 from benchmarks import shapes
 from benchmarks.engines import ModelCache, execution_mode, free_device_memory
 from benchmarks.timing import Bandwidth, copy_bandwidth
-
 from server.bench.options import BenchOptions
 
 
@@ -100,8 +99,10 @@ class BenchContext:
             self._cores[key] = cache.core(target, draft_dir, self.opts.k if draft_dir else 0,
                                           self.kv_blocks(mb), "dummy", max_num_seqs=max(mb, 1))
             self.mode = self.mode or execution_mode(self._cores[key])
+            loads = ", ".join(f"{Path(p).name} loaded in {s:.1f}s" for p, s in cache.load_seconds.items())
             self.log(f"engine '{flavour}' on the dummy {Path(target).name} ready in "
-                     f"{time.perf_counter() - t0:.1f}s ({execution_mode(self._cores[key])['description']})")
+                     f"{time.perf_counter() - t0:.1f}s ({execution_mode(self._cores[key])['description']}; "
+                     f"{loads})")
         return self._cores[key]
 
     # ---- the real pair (demo, or --pair-target/--pair-draft) ---------------------------------

@@ -8,7 +8,6 @@ import traceback
 from typing import Callable
 
 from benchmarks.timing import environment
-
 from server.bench import sections_load, sections_models, sections_sampler
 from server.bench.context import BenchContext
 from server.bench.options import SECTIONS, BenchOptions

@@ -10,7 +10,6 @@ from benchmarks.e2e import E2ESettings, compare_pair
 from benchmarks.engines import random_prompts
 from benchmarks.peer import compare_with_hf
 from benchmarks.serve_load import ServerProcess, run_level
-
 from server.bench.context import BenchContext
 from server.bench.report import Column, Section, at_least, within
 

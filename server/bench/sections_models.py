@@ -6,7 +6,6 @@ from pathlib import Path
 
 from benchmarks.roofline import measure_decode, roofline_numbers
 from benchmarks.verify import draft_cost, verify_costs
-
 from server.bench.context import BenchContext
 from server.bench.report import Column, Section, at_least, at_most
 

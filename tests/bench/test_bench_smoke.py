@@ -171,7 +171,7 @@ def test_markdown_tables_and_plots(bench_run):
     for ln in goal_lines:
         assert any(w in ln for w in ("| met", "missed", "n/a", "skipped")), ln
     # every table row has as many cells as its header
-    table, width = [], None
+    width = None
     for ln in md.splitlines() + [""]:
         if ln.startswith("|"):
             cells = ln.count("|") - ln.count("\\|")
