@@ -94,13 +94,21 @@ def _combine_argmax(v_ptr, i_ptr, base, C, CP: tl.constexpr):
 
 
 @triton.jit
-def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, BP: tl.constexpr):
-    """(request, index j within the request, k_b) of a logits row."""
+def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, LOG_B: tl.constexpr):
+    """(request, index j within the request, k_b) of a logits row.
+
+    Request b owns rows from cu[b] + b: binary search (LOG_B >= log2(B) unrolled steps) for the
+    last request whose first row is <= row.
+    """
     if HAS_CU:
-        bi = tl.arange(0, BP)
-        cu = tl.load(cu_ptr + bi, mask=bi <= B, other=BIG_IDX - BP)
-        starts = cu + bi                                       # first row of each request
-        req = tl.sum(tl.where((starts <= row) & (bi < B), 1, 0), 0) - 1
+        lo = row * 0
+        hi = lo + B
+        for _ in tl.static_range(LOG_B):
+            mid = (lo + hi) // 2
+            ok = tl.load(cu_ptr + mid) + mid <= row
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+        req = lo
         c0 = tl.load(cu_ptr + req)
         k = tl.load(cu_ptr + req + 1) - c0
         j = row - (c0 + req)
@@ -232,11 +240,11 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
 def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
-                    stream, HAS_CU: tl.constexpr, RACE_ALL: tl.constexpr, BP: tl.constexpr,
+                    stream, HAS_CU: tl.constexpr, RACE_ALL: tl.constexpr, LOG_B: tl.constexpr,
                     BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, BP)
+    req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, LOG_B)
     T = tl.load(temp_ptr + req)
     top_k = tl.load(topk_ptr + req)
     top_p = tl.load(topp_ptr + req)

@@ -85,7 +85,7 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
     K.row_pass_kernel[(rows, pl.num_chunks)](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
-        HAS_CU=has_cu, RACE_ALL=race_all, BP=triton.next_power_of_2(num_reqs + 1),
+        HAS_CU=has_cu, RACE_ALL=race_all, LOG_B=max(9, num_reqs.bit_length()),
         BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), num_warps=pl.num_warps)
     return part
 

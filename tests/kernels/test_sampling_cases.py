@@ -56,32 +56,37 @@ def param_tensors(params: list[tuple]) -> tuple[torch.Tensor, ...]:
 def make_verify_case(ks: list[int], params: list[tuple], vocab: int, seed: int,
                      dtype: torch.dtype = torch.float32, noise: float = 0.5,
                      one_hot: bool = False, greedy_drafts: bool = False,
-                     masked_tail: int = 0, scale: float = 2.0) -> VerifyCase:
+                     masked_tail: int = 0, scale: float = 2.0,
+                     device: str = "cpu") -> VerifyCase:
     """A ragged batch: request b has ks[b] drafts and sampling params params[b].
 
     ``masked_tail`` sets the last logits of every row to -inf (vocabulary padding).
     ``greedy_drafts``: drafts are the draft logits' argmax (draft_sample_method=greedy).
+    Built on ``device`` (random logits from a generator there; drafts from the reference).
     """
     from kernels import ref_sampling as R
 
     gen = torch.Generator().manual_seed(seed)
+    dgen = torch.Generator(device=device).manual_seed(seed)
     b = len(ks)
     cu = torch.tensor([0] + list(torch.tensor(ks).cumsum(0).tolist()), dtype=torch.int32)
     rows = int(cu[-1]) + b
-    target = torch.randn(rows, vocab, generator=gen) * scale
+    target = torch.randn(rows, vocab, generator=dgen, device=device) * scale
     if masked_tail:
         target[:, vocab - masked_tail:] = float("-inf")
     target = target.to(dtype)
-    temperature, top_k, top_p, min_p = param_tensors(params)
-    seeds = torch.randint(-2**62, 2**62, (b,), generator=gen, dtype=torch.int64)
-    positions = torch.randint(0, 5000, (b,), generator=gen, dtype=torch.int64)
+    temperature, top_k, top_p, min_p = (t.to(device) for t in param_tensors(params))
+    seeds = torch.randint(-2**62, 2**62, (b,), generator=gen, dtype=torch.int64).to(device)
+    positions = torch.randint(0, 5000, (b,), generator=gen, dtype=torch.int64).to(device)
     req = torch.repeat_interleave(torch.arange(b), torch.tensor(ks, dtype=torch.int64))
     j = torch.arange(int(cu[-1])) - cu[req].long()
     ver_rows = cu[req].long() + req + j                                # verification rows
-    draft_logits = target.float()[ver_rows] + noise * torch.randn(len(ver_rows), vocab,
-                                                                   generator=gen)
+    req, j, ver_rows = req.to(device), j.to(device), ver_rows.to(device)
+    draft_logits = target.float()[ver_rows] + noise * torch.randn(
+        len(ver_rows), vocab, generator=dgen, device=device)
     if greedy_drafts:
-        dparams = (torch.zeros(len(ver_rows)), top_k[req], top_p[req], min_p[req])
+        dparams = (torch.zeros(len(ver_rows), device=device), top_k[req], top_p[req],
+                   min_p[req])
     else:
         dparams = (temperature[req], top_k[req], top_p[req], min_p[req])
     drafts, q = R.sample_draft(draft_logits, *dparams, seeds[req], positions[req] + j,

@@ -44,7 +44,7 @@ def test_row_pass_kernel_compiles(has_cu: bool, race_all: bool) -> None:
     from kernels import sampling_triton_kernels as K
 
     _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, CHUNK=8192, HAS_CU=has_cu, RACE_ALL=race_all,
-                                              BP=512, BLOCK=1024, NT=16, SBLOCK=256))
+                                              LOG_B=9, BLOCK=1024, NT=16, SBLOCK=256))
 
 
 @pytest.mark.parametrize("has_q", [True, False])

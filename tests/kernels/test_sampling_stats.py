@@ -49,22 +49,27 @@ def _theory(variant: str, p0: torch.Tensor, q0: torch.Tensor) -> float:
     return float((p0 * q0).sum())
 
 
-def check_verification(variant: str, params: tuple, seed: int) -> None:
-    """Emitted tokens at every depth follow the target; acceptance at 0 matches the theory."""
+def check_verification(variant: str, params: tuple, seed: int, sampler=None, n: int = N,
+                       device: str = "cpu", vocab: int = VOCAB) -> None:
+    """Emitted tokens at every depth follow the target; acceptance at 0 matches the theory.
+
+    ``sampler`` defaults to the reference rejection_sample (tests/gpu passes the Triton one).
+    """
     method, one_hot = VARIANTS[variant]
-    case, p, q = replicated_case(N, K, params, VOCAB, seed, one_hot=one_hot)
-    out = R.rejection_sample(*case.args(method))                             # [N, K + 1]
+    case, p, q = replicated_case(n, K, params, vocab, seed, one_hot=one_hot)
+    sampler = sampler or R.rejection_sample
+    out = sampler(*case.to(device).args(method)).cpu()                      # [n, K + 1]
     # token j is emitted by every request that accepted the j drafts before it
     for j in range(K + 1):
         reached = out[:, j] >= 0
         if j and int(reached.sum()) < 200:
             continue
-        counts = torch.bincount(out[reached, j], minlength=VOCAB)
+        counts = torch.bincount(out[reached, j], minlength=vocab)
         pv = chi2_pvalue(counts, p[j])
         assert pv > P_MIN, f"depth {j}: emitted tokens do not follow p (chi2 p-value {pv:.2e})"
     rate = float((out[:, 1] >= 0).float().mean())
     want = _theory(variant, p[0], q[0])
-    se = math.sqrt(max(want * (1 - want), 1e-4) / N)
+    se = math.sqrt(max(want * (1 - want), 1e-4) / n)
     assert abs(rate - want) < Z_MAX * se, f"acceptance {rate:.4f} vs theory {want:.4f}"
 
 

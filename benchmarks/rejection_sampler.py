@@ -1,0 +1,219 @@
+"""Benchmark the Triton rejection sampler (and draft sampler) against the memory roofline.
+
+    python benchmarks/rejection_sampler.py --out results/rejection_sampler        # GPU
+    python benchmarks/rejection_sampler.py --device cpu --out /tmp/rs_smoke       # CPU smoke test
+
+For every batch size B and draft count k (V = 151,936 bf16 logits by default) it reports the
+median time of ``kernels.triton_sampling.rejection_sample`` (triton.testing.do_bench), the bytes
+the kernels move, the achieved bandwidth against a measured device copy bandwidth, and vLLM Model
+Runner V2's byte estimate (docs: /work/shared/ANCHORS.md) converted to time at that same
+bandwidth. Writes ``<out>.json`` and ``<out>.md``.
+
+Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
+  every target row read once ............................. B (k + 1) V e
+  each request whose draft was rejected: that row again (usually an L2 hit, counted anyway)
+  and its fp32 draft-prob row ............................ n_rej V (e + 4)
+  accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
+  params: counted exactly below, they are small.
+vLLM MRv2 estimate: 6 V per draft token + 6 V per request + 14 V per logits row (its fp32 copy
+of the logits), i.e. V (6 B k + 6 B + 14 B (k + 1)) bytes.
+On CPU the Triton kernels run under TRITON_INTERPRET=1 (set before they are imported) and
+the timings only show that the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out", required=True, help="output path stem (.json and .md are written)")
+    ap.add_argument("--batch-sizes", default=None, help="comma list (default 1,8,64,256)")
+    ap.add_argument("--ks", default=None, help="comma list of drafts per request (default 3,5,8)")
+    ap.add_argument("--vocab", type=int, default=None, help="default 151936 (cpu: 1000)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--method", default="probabilistic", choices=["probabilistic", "strict"])
+    ap.add_argument("--one-hot", action="store_true", help="no draft probs (greedy drafts)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--noise", type=float, default=1.0,
+                    help="draft logits = target logits + noise * N(0, 1) (sets acceptance)")
+    ap.add_argument("--block", type=int, default=None, help="vocabulary tile (default: plan)")
+    ap.add_argument("--chunk", type=int, default=None, help="vocabulary per program (default: plan)")
+    args = ap.parse_args()
+    cpu = args.device == "cpu"
+    args.batch_sizes = [int(x) for x in (args.batch_sizes or ("1,2" if cpu else "1,8,64,256")).split(",")]
+    args.ks = [int(x) for x in (args.ks or ("1,3" if cpu else "3,5,8")).split(",")]
+    args.vocab = args.vocab or (1000 if cpu else 151_936)
+    return args
+
+
+def _timer(device: str) -> Callable[[Callable[[], object]], float]:
+    """Median milliseconds of a call: do_bench on the GPU, perf_counter on the CPU."""
+    if device == "cuda":
+        import triton.testing
+
+        return lambda fn: float(triton.testing.do_bench(fn, warmup=25, rep=200,
+                                                        return_mode="median"))
+
+    def cpu_time(fn: Callable[[], object]) -> float:
+        fn()
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            runs.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(runs)
+
+    return cpu_time
+
+
+def copy_bandwidth(device: str, timer) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (read + write counted)."""
+    import torch
+
+    n = (1 << 28) if device == "cuda" else (1 << 24)            # 1 GiB / 64 MiB of fp32
+    src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3)
+
+
+def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
+    """Target logits, drafts sampled from a noisy copy (so some get accepted) and q."""
+    import torch
+
+    from kernels import triton_sampling as TS
+
+    dev, v = args.device, args.vocab
+    gen = torch.Generator(device=dev).manual_seed(b * 100 + k)
+    dtype = getattr(torch, args.dtype)
+    rows = b * (k + 1)
+    target = torch.randn(rows, v, device=dev, generator=gen) * 3                  # [B (k+1), V]
+    ver = torch.arange(rows, device=dev).view(b, k + 1)[:, :k].reshape(-1)        # [B k]
+    draft_logits = target[ver] + args.noise * torch.randn(b * k, v, device=dev, generator=gen)
+    ones = lambda n, val, dt: torch.full((n,), val, dtype=dt, device=dev)  # noqa: E731
+    params = (ones(b, args.temperature, torch.float32), ones(b, args.top_k, torch.int32),
+              ones(b, args.top_p, torch.float32), ones(b, 0.0, torch.float32))
+    seeds = torch.arange(b, dtype=torch.int64, device=dev) * 7 + 3
+    positions = torch.zeros(b, dtype=torch.int64, device=dev)
+    rep = lambda t: t.repeat_interleave(k)  # noqa: E731
+    drafts, q = TS.sample_draft(draft_logits.to(dtype), *(rep(t) for t in params), rep(seeds),
+                                torch.arange(k, device=dev).repeat(b), store_probs=True)
+    cu = torch.arange(b + 1, dtype=torch.int32) * k                               # host-side
+    return dict(target=target.to(dtype), cu=cu, drafts=drafts, q=None if args.one_hot else q,
+                params=params, seeds=seeds, positions=positions, draft_logits=draft_logits.to(dtype))
+
+
+def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, num_chunks: int,
+                method: str, has_q: bool) -> int:
+    """Bytes our kernels read and write for one call (see the module docstring)."""
+    rows = b * (k + 1)
+    total = rows * v * elt                                   # every logits row once
+    total += rows * num_chunks * 6 * 4 + rows * 4            # partials written + row thresholds
+    total += rows * 5 * 4 * 2                                # per-row params loaded
+    if method == "probabilistic":
+        total += rows * num_chunks * 2 * 4 * 2               # partials re-read by recover
+        total += n_rej * v * (elt + (4 if has_q else 0))     # rejected row + its q row
+        total += b * k * (8 + 4 + elt)                       # per-draft token, q(x), z[x]
+        total += b * num_chunks * 4 * 4                      # recovery partials
+    total += b * (k + 1) * 8 + b * k * 8                     # output + drafts re-read
+    return total
+
+
+def vllm_mrv2_bytes(b: int, k: int, v: int) -> int:
+    return v * (6 * b * k + 6 * b + 14 * b * (k + 1))
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from kernels import triton_sampling as TS
+
+    timer = _timer(args.device)
+    bw = copy_bandwidth(args.device, timer)
+    elt = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
+    rows_out = []
+    for b in args.batch_sizes:
+        for k in args.ks:
+            x = make_inputs(b, k, args)
+            call = lambda: TS.rejection_sample(  # noqa: E731
+                x["target"], x["cu"], x["drafts"], x["q"], *x["params"], x["seeds"],
+                x["positions"], args.method, block=args.block, chunk=args.chunk)
+            out = call()
+            n_tok = (out >= 0).sum(1)
+            n_rej = int((n_tok <= k).sum())                  # requests that stopped at a rejection
+            pl = TS.plan(args.vocab, b * (k + 1), torch.device(args.device), args.block,
+                         args.chunk)
+            ms = timer(call)
+            nbytes = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks, args.method,
+                                 x["q"] is not None)
+            vb = vllm_mrv2_bytes(b, k, args.vocab)
+            d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],
+                                                 x["positions"], True))
+            rows_out.append(dict(
+                B=b, k=k, V=args.vocab, dtype=args.dtype, method=args.method,
+                draft_probs=x["q"] is not None, median_ms=ms, bytes=nbytes,
+                gbps=nbytes / (ms * 1e-3) / 1e9, frac_copy_bw=nbytes / (ms * 1e-3) / bw,
+                roofline_ms=nbytes / bw * 1e3, mean_accepted=float((n_tok - 1).float().mean()),
+                rejected_requests=n_rej, num_chunks=pl.num_chunks, block=pl.block,
+                vllm_mrv2_bytes=vb, vllm_mrv2_roofline_ms=vb / bw * 1e3,
+                bytes_ratio_vs_vllm=nbytes / vb, sample_draft_ms=d_ms))
+            print(_line(rows_out[-1]), flush=True)
+    return dict(device=_device_name(args.device), copy_bandwidth_gbps=bw / 1e9,
+                settings={k: v for k, v in vars(args).items() if k != "out"}, results=rows_out)
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
+
+
+def _line(r: dict) -> str:
+    return (f"B={r['B']:>4} k={r['k']} {r['median_ms']:.4f} ms  {r['gbps']:.0f} GB/s "
+            f"({100 * r['frac_copy_bw']:.0f}% of copy)  bytes {r['bytes'] / 1e6:.1f} MB vs vLLM "
+            f"MRv2 {r['vllm_mrv2_bytes'] / 1e6:.1f} MB  accepted {r['mean_accepted']:.2f}")
+
+
+def markdown(res: dict) -> str:
+    head = (f"# Rejection sampler on {res['device']}\n\nCopy bandwidth {res['copy_bandwidth_gbps']:.0f}"
+            f" GB/s. Settings: `{json.dumps(res['settings'])}`\n\n"
+            "| B | k | median ms | MB moved | GB/s | % copy BW | roofline ms | vLLM MRv2 MB |"
+            " vLLM MRv2 roofline ms | our/vLLM bytes | mean accepted | sample_draft ms |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = [f"| {r['B']} | {r['k']} | {r['median_ms']:.4f} | {r['bytes'] / 1e6:.1f} | "
+            f"{r['gbps']:.0f} | {100 * r['frac_copy_bw']:.0f} | {r['roofline_ms']:.4f} | "
+            f"{r['vllm_mrv2_bytes'] / 1e6:.1f} | {r['vllm_mrv2_roofline_ms']:.4f} | "
+            f"{r['bytes_ratio_vs_vllm']:.2f} | {r['mean_accepted']:.2f} | "
+            f"{r['sample_draft_ms']:.4f} |" for r in res["results"]]
+    return head + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    args = _parse()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"        # before any Triton kernel module import
+    res = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stem = str(out.with_suffix("") if out.suffix in (".json", ".md") else out)
+    Path(stem + ".json").write_text(json.dumps(res, indent=2))
+    Path(stem + ".md").write_text(markdown(res))
+    print(f"wrote {stem}.json and {stem}.md")
+
+
+if __name__ == "__main__":
+    main()
