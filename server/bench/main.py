@@ -22,6 +22,7 @@ SECTION_FUNCS: dict[str, Callable[[BenchContext], Section]] = {
     "peer": sections_load.peer,
     "serve": sections_load.serve,
 }
+NUMBER = {name: i + 1 for i, name in enumerate(SECTIONS)}   # the numbering
 TITLES = {"roofline": "Batch-1 decode vs the bandwidth roofline",
           "verify": "Verification and draft step cost at batch 1",
           "sampler": "Rejection sampler: time and bytes", "e2e": "End to end with and without speculation",
@@ -61,11 +62,11 @@ def run(opts: BenchOptions, command: str) -> int:
         for name in SECTIONS:
             if name in opts.sections:
                 sections.append(_run_section(ctx, name))
-                write_outputs(ctx.out, env, _settings(ctx), sections, [], None)
+                write_outputs(ctx.out, env, _settings(ctx), sections, [], None, NUMBER)
     finally:
         ctx.close()
     plots, note = make_plots(sections, ctx.out) if opts.plots else ([], None)
-    json_path, md_path = write_outputs(ctx.out, env, _settings(ctx), sections, plots, note)
+    json_path, md_path = write_outputs(ctx.out, env, _settings(ctx), sections, plots, note, NUMBER)
     failed = [s.name for s in sections if s.error]
     ctx.log(f"wrote {json_path}, {md_path}" + (f", {len(plots)} plots" if plots else "")
             + (f"; FAILED sections: {', '.join(failed)}" if failed else ""))

@@ -20,7 +20,7 @@ MET = "met"
 class Column:
     key: str
     header: str
-    kind: str = "num"   # num | int | x | pct | ms | us | gbps | gb | tps | str | bool | row
+    kind: str = "num"   # num | int | x | pct | ms | time | gbps | bw | gb | bytes | tps | str | bool | row
 
 
 @dataclass
@@ -81,13 +81,28 @@ def _num(v: float) -> str:
     return f"{v:.3g}"
 
 
+def _scaled(v: float, units: tuple[tuple[float, str], ...]) -> str:
+    """The largest unit that keeps the number >= 1 (else the smallest), 3 significant digits."""
+    for scale, unit in units:
+        if abs(v) >= scale:
+            return f"{_num(v / scale)} {unit}"
+    scale, unit = units[-1]
+    return f"{_num(v / scale)} {unit}"
+
+
+_TIME = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+_BYTES = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
+_BW = ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0, "B/s"))
+
 _FORMATS: dict[str, Callable[[Any], str]] = {
     "num": _num,
     "int": lambda v: f"{int(v):,}",
     "x": lambda v: f"{v:.2f}x",
     "pct": lambda v: f"{100 * v:.1f}%",
     "ms": lambda v: f"{1e3 * v:.3g} ms" if v < 1 else f"{v:.3g} s",
-    "us": lambda v: f"{1e6 * v:.3g} µs",
+    "time": lambda v: _scaled(v, _TIME),
+    "bytes": lambda v: _scaled(v, _BYTES),
+    "bw": lambda v: _scaled(v, _BW),
     "gbps": lambda v: f"{v / 1e9:,.1f} GB/s",
     "gb": lambda v: f"{v / 1e9:.3g} GB",
     "tps": lambda v: f"{v:,.1f}",
@@ -121,6 +136,7 @@ def markdown_table(section: Section) -> str:
 
 
 def section_markdown(index: int, section: Section) -> str:
+    """``index``: the section's number in the issue (1 roofline .. 6 serve), whatever ran."""
     out = [f"## {index}. {section.title}", ""]
     if section.error:
         out += [f"**failed:** `{section.error}`", ""]
@@ -162,7 +178,9 @@ def summary_markdown(sections: list[Section]) -> str:
 
 
 def write_outputs(out_dir: Path, env: dict, settings: dict, sections: list[Section],
-                  plots: list[str], plot_note: Optional[str]) -> tuple[Path, Path]:
+                  plots: list[str], plot_note: Optional[str],
+                  number: Optional[dict[str, int]] = None) -> tuple[Path, Path]:
+    number = number or {}
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"env": env, "settings": settings, "plots": plots, "plot_note": plot_note,
            "failed_sections": [s.name for s in sections if s.error],
@@ -170,7 +188,7 @@ def write_outputs(out_dir: Path, env: dict, settings: dict, sections: list[Secti
     json_path = out_dir / "bench.json"
     json_path.write_text(json.dumps(doc, indent=2, default=_json_default, allow_nan=True) + "\n")
     parts = [header_markdown(env, settings), summary_markdown(sections)]
-    parts += [section_markdown(i + 1, s) for i, s in enumerate(sections)]
+    parts += [section_markdown(number.get(s.name, i + 1), s) for i, s in enumerate(sections)]
     if plots or plot_note:
         parts.append("## Plots\n")
         parts += [f"![{Path(p).stem}]({Path(p).name})\n" for p in plots]

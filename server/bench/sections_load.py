@@ -116,10 +116,10 @@ def serve(ctx: BenchContext) -> Section:
     title = "Throughput under load through the HTTP server"
     cols = [Column("concurrency", "Concurrency", "int"), Column("num_requests", "Requests", "int"),
             Column("failed", "Failed", "int"), Column("output_tok_per_s", "Output tok/s", "tps"),
-            Column("ttft_p50", "TTFT p50", "ms"), Column("ttft_p99", "TTFT p99", "ms"),
-            Column("itl_p50", "ITL p50", "ms"), Column("itl_p99", "ITL p99", "ms"),
-            Column("tpot_p50", "TPOT p50", "ms"), Column("tpot_p99", "TPOT p99", "ms"),
-            Column("e2e_p50", "E2E p50", "ms"), Column("e2e_p99", "E2E p99", "ms"),
+            Column("ttft_p50", "TTFT p50", "time"), Column("ttft_p99", "TTFT p99", "time"),
+            Column("itl_p50", "ITL p50", "time"), Column("itl_p99", "ITL p99", "time"),
+            Column("tpot_p50", "TPOT p50", "time"), Column("tpot_p99", "TPOT p99", "time"),
+            Column("e2e_p50", "E2E p50", "time"), Column("e2e_p99", "E2E p99", "time"),
             Column("acceptance_rate", "Accept rate", "pct"), Column("acceptance_length", "Accept len", "num"),
             Column("per_position", "Per position", "str")]
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]

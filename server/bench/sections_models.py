@@ -33,14 +33,14 @@ def roofline(ctx: BenchContext) -> Section:
     rows = [
         {"label": "device copy bandwidth (read + write, median)", "value": bw.bytes_per_s, "kind": "gbps"},
         {"label": f"{name} parameters", "value": n["num_parameters"], "kind": "num"},
-        {"label": "parameter bytes", "value": n["parameter_bytes"], "kind": "gb"},
+        {"label": "parameter bytes", "value": n["parameter_bytes"], "kind": "bytes"},
         {"label": "bytes read per decode step (weights; input embedding: one row)",
-         "value": n["bytes_per_decode_step"], "kind": "gb"},
+         "value": n["bytes_per_decode_step"], "kind": "bytes"},
         {"label": "roofline tokens/s = bandwidth / bytes per step", "value": n["roofline_tok_per_s"],
          "kind": "tps"},
         {"label": f"measured batch-1 decode tokens/s ({ctx.mode['mode'] if ctx.mode else '?'})",
          "value": dec.tok_per_s, "kind": "tps"},
-        {"label": "median decode step", "value": dec.median_step_s, "kind": "ms"},
+        {"label": "median decode step", "value": dec.median_step_s, "kind": "time"},
         {"label": "fraction of roofline", "value": frac, "kind": "pct",
          "goal": f">= {100 * ROOFLINE_GOAL:.0f}%", "status": at_least(frac, ROOFLINE_GOAL)},
     ]
@@ -79,8 +79,8 @@ def verify(ctx: BenchContext) -> Section:
     rows.append({"label": "c = draft step / target step", "time": draft["draft_step_seconds"],
                  "reference": draft["target_step_seconds"], "ratio": draft["c"],
                  "path": "graph" if draft["draft_graph"] else "eager"})
-    cols = [Column("label", "Measurement", "str"), Column("time", "Time", "ms"),
-            Column("reference", "Reference", "ms"), Column("ratio", "Ratio", "x"),
+    cols = [Column("label", "Measurement", "str"), Column("time", "Time", "time"),
+            Column("reference", "Reference", "time"), Column("ratio", "Ratio", "x"),
             Column("eager_ratio", "Ratio, both eager", "x"), Column("path", "Path", "str"),
             Column("goal", "Goal", "str"), Column("status", "Status", "str")]
     tgt, dft = (Path(p).name for p in ctx.dummy_dirs())

@@ -156,7 +156,16 @@ def test_sampler_section(bench_run):
         assert s["skipped"] and "rejection_sampler.py" in s["skipped"]
         return
     assert s["error"] is None, s["error"]
-    assert s["rows"], "the sampler benchmark ran but produced no rows"
+    assert [(r["batch"], r["k"]) for r in s["rows"]] == [(1, 3), (2, 3)]   # the --quick CPU sizes
+    step = bench_run["doc"]["sections"]["roofline"]["data"]["median_step_s"]
+    assert s["data"]["decode_step_s"] == step
+    for r in s["rows"]:
+        assert r["bytes_ratio_vs_vllm"] == pytest.approx(r["bytes"] / r["vllm_mrv2_bytes"], rel=1e-6)
+        assert r["frac_decode_step"] == pytest.approx(r["seconds"] / step)
+        # the Triton interpreter is far slower than a CPU decode step: that goal must show a miss
+        assert "step: missed by" in r["status"]
+    assert (bench_run["out"] / "rejection_sampler.json").exists()
+    assert "rejection_sampler.py's own table" in bench_run["md"]
 
 
 def test_markdown_tables_and_plots(bench_run):
@@ -179,11 +188,12 @@ def test_markdown_tables_and_plots(bench_run):
             assert cells == width, ln
         else:
             width = None
-    for name in ("e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png"):
+    for name in ("e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png", "sampler_bandwidth.png"):
         png = bench_run["out"] / name
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
         assert f"]({name})" in md
     doc = bench_run["doc"]
-    assert set(doc["plots"]) >= {"e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png"}
+    assert set(doc["plots"]) >= {"e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png",
+                                 "sampler_bandwidth.png"}
     assert not math.isnan(doc["sections"]["roofline"]["data"]["fraction_of_roofline"])
