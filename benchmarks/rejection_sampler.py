@@ -11,10 +11,12 @@ bandwidth. Writes ``<out>.json`` and ``<out>.md``.
 
 Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   every target row read once ............................. B (k + 1) V e
-  each request whose draft was rejected: that row again (usually an L2 hit, counted anyway)
-  and its fp32 draft-prob row ............................ n_rej V (e + 4)
+  probabilistic: the one raced row per request read again (the rejected row or the bonus
+  row; usually an L2 hit, counted anyway) ................ B V e
+  and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
   accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
   params: counted exactly below, they are small.
+``first_read_bytes`` leaves out the re-read rows: the HBM traffic if they hit in L2.
 vLLM MRv2 estimate: 6 V per draft token + 6 V per request + 14 V per logits row (its fp32 copy
 of the logits), i.e. V (6 B k + 6 B + 14 B (k + 1)) bytes.
 On CPU the Triton kernels run under TRITON_INTERPRET=1 (set before they are imported) and
@@ -117,20 +119,24 @@ def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
                 params=params, seeds=seeds, positions=positions, draft_logits=draft_logits.to(dtype))
 
 
-def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, num_chunks: int,
-                method: str, has_q: bool) -> int:
-    """Bytes our kernels read and write for one call (see the module docstring)."""
+def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
+                method: str, has_q: bool) -> tuple[int, int]:
+    """(bytes our kernels read and write for one call, of which logits and draft-prob rows read
+    for the first time): see the module docstring. ``c``/``cr``: chunks per row in the row pass
+    and in the final race."""
     rows = b * (k + 1)
-    total = rows * v * elt                                   # every logits row once
-    total += rows * num_chunks * 6 * 4 + rows * 4            # partials written + row thresholds
-    total += rows * 5 * 4 * 2                                # per-row params loaded
+    first = rows * v * elt                                   # every logits row once
+    small = rows * c * 6 * 4 + rows * 4                      # partials + row thresholds written
+    small += rows * (4 * 4 + 2 * 8)                          # per-row params loaded
+    small += rows * 8 + b * k * 8                            # output + draft tokens
+    again = 0
     if method == "probabilistic":
-        total += rows * num_chunks * 2 * 4 * 2               # partials re-read by recover
-        total += n_rej * v * (elt + (4 if has_q else 0))     # rejected row + its q row
-        total += b * k * (8 + 4 + elt)                       # per-draft token, q(x), z[x]
-        total += b * num_chunks * 4 * 4                      # recovery partials
-    total += b * (k + 1) * 8 + b * k * 8                     # output + drafts re-read
-    return total
+        again = b * v * elt                                  # the raced row (rejected or bonus)
+        first += n_rej * v * 4 if has_q else 0               # fp32 q row of the rejected draft
+        small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
+        small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
+        small += b * cr * 4 * 4 + b * 4                      # race partials + accepted counts
+    return first + again + small, first
 
 
 def vllm_mrv2_bytes(b: int, k: int, v: int) -> int:
@@ -155,20 +161,23 @@ def run(args: argparse.Namespace) -> dict:
             out = call()
             n_tok = (out >= 0).sum(1)
             n_rej = int((n_tok <= k).sum())                  # requests that stopped at a rejection
-            pl = TS.plan(args.vocab, b * (k + 1), torch.device(args.device), args.block,
-                         args.chunk)
+            dev = torch.device(args.device)
+            pl = TS.plan(args.vocab, b * (k + 1), dev, args.block, args.chunk)
+            pr = TS.plan(args.vocab, b, dev, args.block, args.chunk)
             ms = timer(call)
-            nbytes = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks, args.method,
-                                 x["q"] is not None)
+            nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
+                                        pr.num_chunks, args.method, x["q"] is not None)
             vb = vllm_mrv2_bytes(b, k, args.vocab)
             d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],
                                                  x["positions"], True))
             rows_out.append(dict(
                 B=b, k=k, V=args.vocab, dtype=args.dtype, method=args.method,
                 draft_probs=x["q"] is not None, median_ms=ms, bytes=nbytes,
+                first_read_bytes=first,
                 gbps=nbytes / (ms * 1e-3) / 1e9, frac_copy_bw=nbytes / (ms * 1e-3) / bw,
                 roofline_ms=nbytes / bw * 1e3, mean_accepted=float((n_tok - 1).float().mean()),
-                rejected_requests=n_rej, num_chunks=pl.num_chunks, block=pl.block,
+                rejected_requests=n_rej, num_chunks=pl.num_chunks,
+                race_chunks=pr.num_chunks, block=pl.block,
                 vllm_mrv2_bytes=vb, vllm_mrv2_roofline_ms=vb / bw * 1e3,
                 bytes_ratio_vs_vllm=nbytes / vb, sample_draft_ms=d_ms))
             print(_line(rows_out[-1]), flush=True)

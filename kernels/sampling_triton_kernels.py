@@ -8,10 +8,12 @@ the GPU; each program reads its slice of logits once, in their own dtype, into f
   row needs a sample, the partial exponential race ``argmax (x_i - log E_i)``. Rows with
   top-k / top-p / min-p are done whole by their chunk-0 program: one max/sum pass, then
   multi-way threshold bisection passes (NT candidate thresholds per pass, no sort), then the
-  race pass; it writes the kept mass as ``s`` and the threshold to ``row_thr``.
-* ``recover_kernel`` (grid [requests, chunks], probabilistic only): replays the accept test
-  row by row (scalar work), then races the rejected row's residual ``max(p - q, 0)`` over its
-  chunk (only the rejected row's logits and draft-prob row are read).
+  race pass; it writes the kept mass as ``s`` and the threshold to ``row_thr``. Races run here
+  only where every row needs one (strict verification, draft sampling).
+* ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept test
+  row by row (scalar work), then runs the request's one race over its chunk: the rejected
+  row's residual ``max(p - q, 0)`` (only that row's logits and draft-prob row are read) or the
+  bonus row's p. So probabilistic verification draws random numbers for one row per request.
 * ``finalize_kernel`` (grid [requests]): greedy / strict acceptance, picks the recovered or
   bonus token and writes the padded output row.
 * ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
@@ -205,8 +207,10 @@ def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, p
     for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x, e = _scaled(row_ptr, offs, offs < hi, T, mx)
-        sc = tl.where(e >= thr, x - _log_e(seed, pos, stream, offs), NEG_INF)
-        best, idx = _lane_best(sc, offs, best, idx)
+        keep = e >= thr
+        if tl.max(keep.to(tl.int32), 0) > 0:           # no random numbers for filtered tiles
+            sc = tl.where(keep, x - _log_e(seed, pos, stream, offs), NEG_INF)
+            best, idx = _lane_best(sc, offs, best, idx)
     return _reduce_best(best, idx)
 
 
@@ -240,7 +244,7 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
 def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
-                    stream, HAS_CU: tl.constexpr, RACE_ALL: tl.constexpr, LOG_B: tl.constexpr,
+                    stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LOG_B: tl.constexpr,
                     BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -256,10 +260,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C,
     k_on = (top_k > 0) & (top_k < V) & sampled
     p_on = (top_p < 1.0) & sampled
     m_on = (min_p > 0.0) & sampled
-    if RACE_ALL:
-        need_race = sampled
-    else:
-        need_race = sampled & (j == k_b)
+    need_race = sampled & RACE
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     out = row * C + c
     if k_on | p_on | m_on:
@@ -316,10 +317,13 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
 
 
 @triton.jit
-def recover_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, drafts_ptr, q_ptr, temp_ptr,
-                   seed_ptr, pos_ptr, part_m, part_s, row_thr,
-                   rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr,
-                   HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+def final_race_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, CR, cu_ptr,
+                      drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
+                      rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr,
+                      HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+    """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts, then
+    race once over this chunk: the rejected row's residual max(p - q, 0) (stream RECOVER, with
+    p itself as the fallback race) or, if all were accepted, the bonus row's p (SAMPLE)."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temp_ptr + b)
@@ -333,43 +337,49 @@ def recover_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, 
                           V, part_m, part_s, row_thr, HAS_Q, CP)
         if c == 0:
             tl.store(n_acc_ptr + b, n)
-        if n < k_b:
-            row = row0 + n
-            mx, S = _combine_softmax(part_m, part_s, row * C, C, CP)
-            thr = tl.load(row_thr + row)
-            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
-            q_row = q_ptr + (c0 + n).to(tl.int64) * V
-            row_ptr = logits_ptr + row.to(tl.int64) * stride
-            lo = c * CHUNK
-            hi = tl.minimum(lo + CHUNK, V)
-            b1 = tl.full([BLOCK], NEG_INF, tl.float32)
-            i1 = lo + tl.arange(0, BLOCK)
-            b2 = tl.full([BLOCK], NEG_INF, tl.float32)
-            i2 = lo + tl.arange(0, BLOCK)
-            for t in range(0, CHUNK // BLOCK):
-                offs = lo + t * BLOCK + tl.arange(0, BLOCK)
-                msk = offs < hi
-                _x, e = _scaled(row_ptr, offs, msk, T, mx)
-                p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+        rejected = n < k_b
+        stream = tl.where(rejected, 3, 0)
+        row = row0 + n
+        mx, S = _combine_softmax(part_m, part_s, row * C, C, CP)
+        thr = tl.load(row_thr + row)
+        xj = tl.load(drafts_ptr + c0 + n, mask=rejected, other=-1).to(tl.int32)
+        q_row = q_ptr + (c0 + n).to(tl.int64) * V
+        row_ptr = logits_ptr + row.to(tl.int64) * stride
+        lo = c * CHUNK
+        hi = tl.minimum(lo + CHUNK, V)
+        b1 = tl.full([BLOCK], NEG_INF, tl.float32)
+        i1 = lo + tl.arange(0, BLOCK)
+        b2 = tl.full([BLOCK], NEG_INF, tl.float32)
+        i2 = lo + tl.arange(0, BLOCK)
+        for t in range(0, CHUNK // BLOCK):
+            offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+            msk = offs < hi
+            x, e = _scaled(row_ptr, offs, msk, T, mx)
+            keep = e >= thr
+            if tl.max((keep & msk).to(tl.int32), 0) > 0:  # no random numbers for filtered tiles
+                p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
                 if HAS_Q:
-                    qv = tl.load(q_row + offs, mask=msk, other=0.0)
+                    qv = tl.load(q_row + offs, mask=msk & rejected, other=0.0)
                 else:
                     qv = tl.where(offs == xj, 1.0, 0.0)
-                le = _log_e(seed, pos0 + n, 3, offs)
-                b1, i1 = _lane_best(tl.log(tl.maximum(p - qv, 0.0)) - le, offs, b1, i1)
+                le = _log_e(seed, pos0 + n, stream, offs)
+                res = tl.log(tl.maximum(p - qv, 0.0)) - le
+                b1, i1 = _lane_best(tl.where(rejected, res, tl.where(keep, x - le, NEG_INF)),
+                                    offs, b1, i1)
                 b2, i2 = _lane_best(tl.log(p) - le, offs, b2, i2)
-            v1, j1 = _reduce_best(b1, i1)
-            v2, j2 = _reduce_best(b2, i2)
-            tl.store(rec_v1 + b * C + c, v1)
-            tl.store(rec_i1 + b * C + c, j1)
-            tl.store(rec_v2 + b * C + c, v2)
-            tl.store(rec_i2 + b * C + c, j2)
+        v1, j1 = _reduce_best(b1, i1)
+        v2, j2 = _reduce_best(b2, i2)
+        tl.store(rec_v1 + b * CR + c, v1)
+        tl.store(rec_i1 + b * CR + c, j1)
+        tl.store(rec_v2 + b * CR + c, v2)
+        tl.store(rec_i2 + b * CR + c, j2)
 
 
 @triton.jit
 def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, part_gi,
-                    rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr, out_ptr, W, C,
-                    STRICT: tl.constexpr, CP: tl.constexpr, WP: tl.constexpr):
+                    rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr, out_ptr, W, C, CR,
+                    STRICT: tl.constexpr, CP: tl.constexpr, CRP: tl.constexpr,
+                    WP: tl.constexpr):
     b = tl.program_id(0)
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
@@ -392,11 +402,9 @@ def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, par
         tok = tl.where(greedy, tg, tr)
     else:
         n = tl.load(n_acc_ptr + b)
-        tok, _vb = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)   # bonus (SAMPLE)
-        if n < k_b:
-            j1, v1 = _combine_argmax(rec_v1, rec_i1, b * C, C, CP)
-            j2, _v2 = _combine_argmax(rec_v2, rec_i2, b * C, C, CP)
-            tok = tl.where(v1 == NEG_INF, j2, j1)
+        j1, v1 = _combine_argmax(rec_v1, rec_i1, b * CR, CR, CRP)      # residual or bonus race
+        j2, _v2 = _combine_argmax(rec_v2, rec_i2, b * CR, CR, CRP)     # fallback: race over p
+        tok = tl.where(v1 == NEG_INF, j2, j1)
     cols = tl.arange(0, WP)
     dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
     val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))

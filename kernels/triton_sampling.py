@@ -3,7 +3,9 @@
 The semantics (distribution, random numbers, acceptance rules) are documented in
 :mod:`kernels.ref_sampling` and :mod:`kernels.philox`; the kernels are in
 :mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
-``rejection_sample`` 3 (probabilistic) or 2 (strict). No host synchronisation: the output width
+``rejection_sample`` 3 (probabilistic) or 2 (strict).
+Random numbers: strict verification and draft sampling race every row; probabilistic verification
+races one row per request (the rejected row's residual, or the bonus row). No host synchronisation: the output width
 of ``rejection_sample`` comes from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens``
 (see :func:`kernels.ref_sampling.rejection_sample`).
 
@@ -51,7 +53,8 @@ def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = Non
             want = max(1, min(triton.cdiv(4 * sms, max(rows, 1)), triton.cdiv(vocab, block)))
         else:
             want = 1
-        chunk = triton.cdiv(triton.cdiv(vocab, want), block) * block
+        # a power-of-two number of tiles: CHUNK is a compile-time constant, keep variants few
+        chunk = triton.next_power_of_2(triton.cdiv(triton.cdiv(vocab, want), block)) * block
     chunk = max(block, triton.cdiv(chunk, block) * block)
     return Plan(block, chunk, triton.cdiv(vocab, chunk), 4 if block <= 1024 else 8)
 
@@ -79,13 +82,13 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
-              stream: int, has_cu: bool, race_all: bool) -> _Partials:
+              stream: int, has_cu: bool, race: bool) -> _Partials:
     rows, vocab = logits.shape
     part = _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
-        HAS_CU=has_cu, RACE_ALL=race_all, LOG_B=max(9, num_reqs.bit_length()),
+        HAS_CU=has_cu, RACE=race, LOG_B=max(9, num_reqs.bit_length()),
         BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), num_warps=pl.num_warps)
     return part
 
@@ -108,7 +111,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         return tokens, q
     pl = plan(vocab, b, dev, block, chunk)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
-    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race_all=True)
+    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race=True)
     grid = (b, pl.num_chunks if store_probs else 1)
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
@@ -144,20 +147,22 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         drafts = torch.zeros(1, dtype=torch.int64, device=dev)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
     pl = plan(vocab, rows, dev, block, chunk)
-    cp = triton.next_power_of_2(pl.num_chunks)
     strict = method == "strict"
-    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race_all=strict)
+    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict)
+    pr = plan(vocab, num_reqs, dev, block, chunk)          # the one race per request
     n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
-    rec = [torch.empty(num_reqs * pl.num_chunks, device=dev,
+    rec = [torch.empty(num_reqs * pr.num_chunks, device=dev,
                        dtype=torch.float32 if i % 2 == 0 else torch.int32) for i in range(4)]
+    cp, crp = triton.next_power_of_2(pl.num_chunks), triton.next_power_of_2(pr.num_chunks)
     if not strict:
         has_q = draft_probs is not None and draft_probs.numel() > 0
         q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
-        K.recover_kernel[(num_reqs, pl.num_chunks)](
-            logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, drafts, q, params[0],
-            params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
-            HAS_Q=has_q, CP=cp, BLOCK=pl.block, num_warps=pl.num_warps)
+        K.final_race_kernel[(num_reqs, pr.num_chunks)](
+            logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
+            q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
+            HAS_Q=has_q, CP=cp, BLOCK=pr.block, num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,
-        pl.num_chunks, STRICT=strict, CP=cp, WP=triton.next_power_of_2(width), num_warps=1)
+        pl.num_chunks, pr.num_chunks, STRICT=strict, CP=cp, CRP=crp,
+        WP=triton.next_power_of_2(width), num_warps=1)
     return out
