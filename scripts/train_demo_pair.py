@@ -381,11 +381,17 @@ def evaluate(args, tok, held_ids: np.ndarray, device: torch.device, metrics: dic
     metrics["samples"] = samples(target, tok, device)
 
 
+# prompts end mid-line: a prompt ending in "\n" splits the "\n    " indentation tokens the model
+# learned (no token healing), which derails a model this small
+SAMPLE_PROMPTS = ("def fibonacci(n):", "import os\n\n\nclass Config",
+                  "<|user|>\nWrite the Python module utils.<|end|>\n<|assistant|>\n")
+
+
 @torch.no_grad()
 def samples(model, tok, device: torch.device, max_new: int = 96) -> dict[str, str]:
     """Greedy continuations of a few fixed prompts (shown in the model card)."""
     out = {}
-    for prompt in ("def fibonacci(n):\n", "import os\n\n\nclass ", "<|user|>\nWrite the Python module utils.<|end|>\n<|assistant|>\n"):
+    for prompt in SAMPLE_PROMPTS:
         ids = torch.tensor([tok.encode(prompt, add_special_tokens=False).ids], device=device)
         gen = model.generate(input_ids=ids, max_new_tokens=max_new, do_sample=False)
         out[prompt] = tok.decode(gen[0, ids.shape[1]:].tolist(), skip_special_tokens=False)
