@@ -20,7 +20,7 @@ MET = "met"
 class Column:
     key: str
     header: str
-    kind: str = "num"   # num | int | x | pct | ms | time | gbps | bw | gb | bytes | tps | str | bool | row
+    kind: str = "num"   # num | int | count | x | pct | ms | time | gbps | bw | gb | bytes | tps | str | bool | row
 
 
 @dataclass
@@ -45,13 +45,13 @@ class Section:
 def at_most(value: Optional[float], limit: float) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
-    return MET if value <= limit else f"missed by {100 * (value / limit - 1):.0f}% (over)"
+    return MET if value <= limit else f"missed: {100 * (value / limit - 1):.0f}% above the limit"
 
 
 def at_least(value: Optional[float], limit: float) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
-    return MET if value >= limit else f"missed by {100 * (1 - value / limit):.0f}% (short)"
+    return MET if value >= limit else f"missed: {100 * (1 - value / limit):.0f}% below the goal"
 
 
 def within(value: Optional[float], target: Optional[float], tolerance: float) -> str:
@@ -90,6 +90,7 @@ def _scaled(v: float, units: tuple[tuple[float, str], ...]) -> str:
     return f"{_num(v / scale)} {unit}"
 
 
+_COUNT = ((1e9, "B"), (1e6, "M"), (1e3, "k"), (1.0, ""))
 _TIME = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 _BYTES = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
 _BW = ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0, "B/s"))
@@ -101,6 +102,7 @@ _FORMATS: dict[str, Callable[[Any], str]] = {
     "pct": lambda v: f"{100 * v:.1f}%",
     "ms": lambda v: f"{1e3 * v:.3g} ms" if v < 1 else f"{v:.3g} s",
     "time": lambda v: _scaled(v, _TIME),
+    "count": lambda v: _scaled(v, _COUNT).strip(),
     "bytes": lambda v: _scaled(v, _BYTES),
     "bw": lambda v: _scaled(v, _BW),
     "gbps": lambda v: f"{v / 1e9:,.1f} GB/s",

@@ -32,7 +32,7 @@ def roofline(ctx: BenchContext) -> Section:
             f"({100 * frac:.1f}%)")
     rows = [
         {"label": "device copy bandwidth (read + write, median)", "value": bw.bytes_per_s, "kind": "gbps"},
-        {"label": f"{name} parameters", "value": n["num_parameters"], "kind": "num"},
+        {"label": f"{name} parameters", "value": n["num_parameters"], "kind": "count"},
         {"label": "parameter bytes", "value": n["parameter_bytes"], "kind": "bytes"},
         {"label": "bytes read per decode step (weights; input embedding: one row)",
          "value": n["bytes_per_decode_step"], "kind": "bytes"},

@@ -10,14 +10,14 @@ from server.cli import build_parser
 
 
 @pytest.mark.parametrize("value,limit,expected", [
-    (1.05, 1.10, "met"), (1.10, 1.10, "met"), (1.21, 1.10, "missed by 10% (over)"),
-    (3.0, 1.5, "missed by 100% (over)"), (None, 1.1, "n/a"), (float("nan"), 1.1, "n/a")])
+    (1.05, 1.10, "met"), (1.10, 1.10, "met"), (1.21, 1.10, "missed: 10% above the limit"),
+    (3.0, 1.5, "missed: 100% above the limit"), (None, 1.1, "n/a"), (float("nan"), 1.1, "n/a")])
 def test_at_most(value, limit, expected):
     assert at_most(value, limit) == expected
 
 
 @pytest.mark.parametrize("value,limit,expected", [
-    (0.90, 0.85, "met"), (0.68, 0.85, "missed by 20% (short)"), (1.5, 3.0, "missed by 50% (short)")])
+    (0.90, 0.85, "met"), (0.68, 0.85, "missed: 20% below the goal"), (1.5, 3.0, "missed: 50% below the goal")])
 def test_at_least(value, limit, expected):
     assert at_least(value, limit) == expected
 
@@ -66,3 +66,14 @@ def test_bad_options_are_refused():
 def test_requests_per_level_are_bounded():
     opts = options_from_args(_parse("--out", "/tmp/x"))
     assert [opts.requests_for(c) for c in (1, 16, 64, 256)] == [8, 32, 128, 128]
+
+
+@pytest.mark.parametrize("value,kind,text", [
+    (4.46e6, "count", "4.46 M"), (8.19e9, "count", "8.19 B"), (0.0123, "time", "12.3 ms"),
+    (1.31e-4, "time", "131 µs"), (2.5, "time", "2.5 s"), (21000, "bytes", "21 kB"),
+    (1.64e10, "bytes", "16.4 GB"), (3.35e12, "bw", "3,350 GB/s"), (0.851, "pct", "85.1%"),
+    (None, "time", "–"), ("skipped: why", "time", "skipped: why"), (True, "bool", "yes")])
+def test_units(value, kind, text):
+    from server.bench.report import fmt
+
+    assert fmt(value, kind) == text
