@@ -1,0 +1,1 @@
+"""Fast torch-free unit tests: block pool, KV cache manager, scheduler, requests, detokenizer."""
