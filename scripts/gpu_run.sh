@@ -13,7 +13,12 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())'; } 2>&1 | tee "$OUT/env.txt"
 what="${1:-tests}"; shift || true
 if [[ "$what" == *tests* ]]; then
-  timeout "${GPU_TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q --timeout 240 -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.log"
+  # one file at a time, each bounded, so a slow file cannot hide the others' results
+  for f in ${GPU_TEST_FILES:-tests/gpu/test_engine_gpu.py tests/gpu/test_layers_gpu.py tests/gpu/test_sampling_gpu.py}; do
+    echo "== $f" | tee -a "$OUT/gpu_tests.log"
+    timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -m gpu "$f" -v --tb=short -rfs --durations=5 \
+      --timeout 180 -p no:cacheprovider 2>&1 | grep -v "^$" | tee -a "$OUT/gpu_tests.log"
+  done
 fi
 if [[ "$what" == *bench* ]]; then
   timeout "${GPU_BENCH_TIMEOUT:-360}" python3 -m server.cli bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
