@@ -1,0 +1,137 @@
+"""IncrementalDetokenizer with a real byte-level BPE tokenizer (trained locally, no torch).
+
+Text may grow only by whole characters, every intermediate text is a prefix of the final one,
+and a stop string (which may span tokens) is never shown partially.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.detokenizer import IncrementalDetokenizer
+
+MULTILINGUAL = "Grüße aus Köln — naïve café, 東京, emoji 🚀✨. Hello, world!"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from tests.helpers.checkpoints import build_tokenizer
+
+    return build_tokenizer()
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """Byte -> the printable character byte-level BPE uses for it (the GPT-2 convention)."""
+    direct = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+              *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in direct:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _detok(tok, prompt: str = "", stop: list[str] | None = None, include: bool = False,
+           skip_special: bool = True) -> IncrementalDetokenizer:
+    return IncrementalDetokenizer(tok, tok.encode(prompt) if prompt else [], stop or [], include, skip_special)
+
+
+def _feed(d: IncrementalDetokenizer, ids: list[int]) -> list[str]:
+    texts = []
+    for t in ids:
+        assert d.add(t) is None
+        texts.append(d.visible_text(False))
+    return texts
+
+
+@pytest.mark.parametrize("prompt", ["", "Hello, world! ", "東"])
+def test_multibyte_text_grows_by_whole_characters(tok, prompt):
+    ids = tok.encode(MULTILINGUAL)
+    assert len(ids) > len(MULTILINGUAL.split()), "the tokenizer should split words into pieces"
+    d = _detok(tok, prompt)
+    texts = _feed(d, ids)
+    assert d.text == MULTILINGUAL
+    for t in texts:
+        assert "\ufffd" not in t and MULTILINGUAL.startswith(t)
+
+
+def test_characters_split_byte_by_byte(tok):
+    alphabet = _byte_level_alphabet()
+    text = "a東京🚀üb"
+    raw = text.encode("utf-8")
+    ids = [tok.convert_tokens_to_ids(alphabet[b]) for b in raw]
+    assert tok.unk_token_id not in ids and None not in ids
+    d = _detok(tok, "x")
+    for k, t in enumerate(ids, start=1):
+        d.add(t)
+        # exactly the complete characters among the first k bytes
+        assert d.text == raw[:k].decode("utf-8", errors="ignore")
+    assert d.text == text
+
+
+def test_stop_string_spanning_tokens_is_held_back_then_cut(tok):
+    sentence = "The quick brown fox jumps over the lazy dog."
+    ids = tok.encode(sentence)
+    for include, want in ((False, "The quick "), (True, "The quick brown fo")):
+        d = _detok(tok, stop=["brown fo"], include=include)
+        hit, seen = None, []
+        for t in ids:
+            hit = d.add(t)
+            if hit:
+                break
+            seen.append(d.visible_text(False))
+        assert hit == "brown fo" and d.stopped
+        assert d.visible_text(False) == d.text == want
+        for t in seen:
+            assert want.startswith(t) or t.startswith(want) and len(t) <= len(want)
+            assert "brown fo" not in t
+            assert not any(t.endswith("brown fo"[:k]) for k in range(1, 8)), t
+
+
+def test_visible_text_releases_the_held_tail_at_the_end(tok):
+    d = _detok(tok, stop=["brown"])
+    _feed(d, tok.encode("The quick bro"))
+    assert d.text == "The quick bro" and d.visible_text(False) == "The quick "
+    assert d.visible_text(True) == "The quick bro"
+
+
+def test_earliest_stop_string_wins(tok):
+    d = _detok(tok, stop=["lazy", "quick", "k b"])
+    hit = None
+    for t in tok.encode("The quick brown fox jumps over the lazy dog."):
+        hit = hit or d.add(t)
+    assert hit == "quick" and d.text == "The "
+
+
+def test_stop_strings_are_not_checked_before_min_tokens(tok):
+    ids = tok.encode("ab ab ab")
+    d = _detok(tok, stop=["ab"])
+    i = 0
+    while "ab" not in d.text:                                 # min_tokens not reached yet
+        assert d.add(ids[i], check_stop=False) is None
+        i += 1
+    hit = None
+    while hit is None and i < len(ids):
+        hit = d.add(ids[i])
+        i += 1
+    assert hit == "ab", "a later occurrence must still stop"
+    assert d.text == "ab "                                   # the first one was let through
+
+
+def test_special_tokens_skipped_or_shown(tok):
+    end = tok.convert_tokens_to_ids("<|end|>")
+    ids = tok.encode("hi") + [end] + tok.encode(" there")
+    shown = _detok(tok, skip_special=False)
+    hidden = _detok(tok)
+    _feed(shown, ids)
+    _feed(hidden, ids)
+    assert hidden.text == "hi there" and shown.text == "hi<|end|> there"
+
+
+def test_leading_space_of_the_first_output_token(tok):
+    d = _detok(tok, "def")
+    _feed(d, tok.encode(" add(a, b)"))
+    assert d.text == " add(a, b)"
