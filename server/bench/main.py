@@ -46,6 +46,8 @@ def _run_section(ctx: BenchContext, name: str) -> Section:
         section = Section(name, TITLES[name], [], error=f"{type(e).__name__}: {e}",
                           data={"traceback": traceback.format_exc()})
     section.seconds = time.perf_counter() - t0
+    if section.error and section.rows:
+        ctx.log(f"section {name} finished with errors: {section.error}")
     if section.skipped:
         ctx.log(f"section {name} skipped: {section.skipped}")
     ctx.log(f"section {name} done in {section.seconds:.1f}s")

@@ -197,3 +197,22 @@ def test_markdown_tables_and_plots(bench_run):
     assert set(doc["plots"]) >= {"e2e_tokens_per_s.png", "verify_cost.png", "serve_load.png",
                                  "sampler_bandwidth.png"}
     assert not math.isnan(doc["sections"]["roofline"]["data"]["fraction_of_roofline"])
+
+
+def test_a_failing_pair_is_contained_and_fails_the_run(tmp_path):
+    """A broken --pair-target fails its e2e rows and the exit status; the dummy pairs still run."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
+           "--sections", "e2e", "--batch-sizes", "1", "--pair-target", str(tmp_path / "missing-t"),
+           "--pair-draft", str(tmp_path / "missing-d"), "--no-plots"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["failed_sections"] == ["e2e"]
+    s = doc["sections"]["e2e"]
+    assert "missing-t" in s["error"]
+    assert len(s["data"]["pairs"]) == 2                       # self-draft and dummy pair measured
+    failed = [r for r in s["rows"] if str(r["status"]).startswith("failed")]
+    assert len(failed) == 1 and "missing-t" in failed[0]["label"], failed
+    md = (out / "bench.md").read_text()
+    assert "## 4. End to end" in md and "**failed:**" in md
