@@ -118,7 +118,6 @@ def test_e2e_exactness_acceptance_and_formula(bench_run):
     for r in self_rows:
         # the draft is the target itself: every draft is accepted (fp32, greedy)
         assert r["acceptance_length"] == pytest.approx(K + 1, abs=0.3)
-        assert r["c"] == pytest.approx(1.0, abs=0.5)
 
 
 def test_peer_matches_transformers(bench_run):
