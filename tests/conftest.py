@@ -12,8 +12,9 @@ Nothing here imports torch at module level, so ``tests/unit`` stays torch-free.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

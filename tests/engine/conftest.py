@@ -9,9 +9,10 @@ neither side alters the logits.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ class HFOracle:
         return have[:n]
 
     @torch.inference_mode()
-    def logits(self, name: str, ids: Sequence[int]) -> "torch.Tensor":
+    def logits(self, name: str, ids: Sequence[int]) -> torch.Tensor:
         """Raw next-token logits at every position of ``ids``: [len(ids), V] fp32."""
         x = torch.tensor([list(ids)], dtype=torch.long)
         return self.model(name)(x).logits[0].float()
@@ -127,7 +128,7 @@ class Driver:
                 self.run.final[o.request_id] = o
         return outs
 
-    def until_done(self, max_steps: int = 5000, on_step: Optional[Callable[[int], None]] = None) -> Run:
+    def until_done(self, max_steps: int = 5000, on_step: Callable[[int], None] | None = None) -> Run:
         for i in range(max_steps):
             if not self.core.has_unfinished():
                 return self.run

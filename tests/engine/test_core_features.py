@@ -5,7 +5,7 @@ loops over them; tolerances are stated where floats are compared.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import pytest
 
@@ -281,7 +281,7 @@ def test_abort_a_preempted_request(make_llm, prompts, drive):
     core = llm.core
     d = drive(core)
     d.add_all(prompts([30, 30, 30], seed=36), _greedy(30))
-    victim: Optional[str] = None
+    victim: str | None = None
     for _ in range(200):
         d.step()
         pre = [r for r in core.scheduler.waiting if r.times.num_preemptions > 0]
@@ -292,3 +292,38 @@ def test_abort_a_preempted_request(make_llm, prompts, drive):
     [out] = core.abort([victim])
     assert out.outputs[0].finish_reason == FinishReason.ABORT
     d.until_done()
+
+
+def test_abort_with_pending_drafts_frees_their_probabilities(make_llm, hf, prompts, drive):
+    """With a draft model, stored draft probabilities are released by abort and by finishing."""
+    llm = make_llm(MODEL, draft_model="qwen2", num_speculative_tokens=3)
+    core = llm.core
+    ps = prompts([12, 20, 7], seed=37)
+    d = drive(core)
+    d.add("greedy", ps[0], _greedy(10))
+    d.add("sampled", ps[1], SamplingParams(temperature=1.0, seed=2, max_tokens=30, ignore_eos=True))
+    d.add("other", ps[2], SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True))
+    for _ in range(50):
+        d.step()
+        if core.scheduler.requests.get("sampled") is not None and \
+                core.scheduler.requests["sampled"].draft_probs is not None:
+            break
+    assert core.draft_prob_bytes() > 0, "no draft probabilities were ever stored"
+    core.abort(["sampled"])
+    run = d.until_done()
+    assert core.draft_prob_bytes() == 0
+    assert run.final["greedy"].outputs[0].token_ids == hf.greedy(MODEL, ps[0], 10)
+
+
+def test_the_leak_check_catches_a_request_left_behind(tiny_checkpoint):
+    """The post-test check of ``make_llm`` is not vacuous."""
+    from engine import LLM
+    from tests.conftest import assert_engine_clean
+
+    llm = LLM(model=str(tiny_checkpoint(MODEL)), device="cpu", dtype="float32")
+    llm.core.add_request("left", [5, 6, 7, 8], _greedy(5))
+    llm.core.step()
+    with pytest.raises(AssertionError, match="left"):
+        assert_engine_clean(llm.core)
+    llm.core.abort(["left"])
+    assert_engine_clean(llm.core)

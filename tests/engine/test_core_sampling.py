@@ -105,8 +105,8 @@ def test_greedy_n_copies_the_greedy_answer(make_llm, hf, prompts):
 
 # ---- the first token's distribution ---------------------------------------------------------
 
-def target_probs(logits: "torch.Tensor", temperature: float, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0) -> "torch.Tensor":
+def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0) -> torch.Tensor:
     """softmax(logits / T), then top-k, top-p (smallest head of mass >= top_p), min-p. [V] fp64."""
     p = torch.softmax(logits.double() / temperature, dim=-1)
     keep = torch.ones_like(p, dtype=torch.bool)
@@ -140,7 +140,7 @@ class Fit:
                 f"draws outside the support={self.outside}, TV={self.tv:.4f}")
 
 
-def goodness_of_fit(counts: Counter, p: "torch.Tensor", alpha: float = ALPHA) -> Fit:
+def goodness_of_fit(counts: Counter, p: torch.Tensor, alpha: float = ALPHA) -> Fit:
     """Chi-square test of ``counts`` against ``p`` (bins with expected < 5 pooled into one)."""
     total = sum(counts.values())
     support = [int(t) for t in torch.nonzero(p > 0).flatten()]

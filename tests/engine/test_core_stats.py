@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.types import SamplingParams  # noqa: E402
+from engine.types import SamplingParams
 
 MODEL = "qwen2"
 

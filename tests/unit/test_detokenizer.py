@@ -36,7 +36,8 @@ def _byte_level_alphabet() -> dict[int, str]:
 
 def _detok(tok, prompt: str = "", stop: list[str] | None = None, include: bool = False,
            skip_special: bool = True) -> IncrementalDetokenizer:
-    return IncrementalDetokenizer(tok, tok.encode(prompt) if prompt else [], stop or [], include, skip_special)
+    prompt_ids = tok.encode(prompt) if prompt else []
+    return IncrementalDetokenizer(tok, prompt_ids, stop or [], include, skip_special)
 
 
 def _feed(d: IncrementalDetokenizer, ids: list[int]) -> list[str]:
@@ -86,7 +87,7 @@ def test_stop_string_spanning_tokens_is_held_back_then_cut(tok):
         assert hit == "brown fo" and d.stopped
         assert d.visible_text(False) == d.text == want
         for t in seen:
-            assert want.startswith(t) or t.startswith(want) and len(t) <= len(want)
+            assert want.startswith(t)
             assert "brown fo" not in t
             assert not any(t.endswith("brown fo"[:k]) for k in range(1, 8)), t
 

@@ -8,7 +8,6 @@ drafts), commit full blocks to the prefix cache, and finish at max_tokens.
 from __future__ import annotations
 
 import random
-from typing import Optional
 
 import pytest
 
@@ -31,7 +30,7 @@ def req(rid: str, prompt_len: int, max_tokens: int = 4, first: int = 100) -> Req
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), 0, (0,), max_tokens, 0.0)
 
 
-def apply(sched: Scheduler, so: SchedulerOutput, accept: Optional[int] = None, drafts: int = 0) -> None:
+def apply(sched: Scheduler, so: SchedulerOutput, accept: int | None = None, drafts: int = 0) -> None:
     """EngineCore._apply without a model: ``accept`` drafts are accepted (default all)."""
     for s in so.scheduled:
         r = s.request
