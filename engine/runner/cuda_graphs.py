@@ -73,11 +73,12 @@ class GraphedForward:
 
     def fits(self, items: list[ForwardItem]) -> bool:
         return (0 < len(items) <= self.buckets[-1]
-                and all(len(it.token_ids) == self.q and it.num_logits == self.q for it in items))
+                and all(len(it.token_ids) == self.q and 0 < it.num_logits <= self.q for it in items))
 
     @torch.inference_mode()
     def run(self, items: list[ForwardItem], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits [len(items) * q, V] (a view into the graph's output: consume before the next run)."""
+        """Logits [sum(num_logits), V]; when every item wants all q rows this is a view into the
+        graph's output, to be consumed before the next run."""
         nreq = len(items)
         b = next(x for x in self.buckets if x >= nreq)
         q, bs = self.q, self.block_size
@@ -105,4 +106,8 @@ class GraphedForward:
             ids = [t for it in items for t in it.token_ids]
             self.input_ids[:nreq * q].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
         self.graphs[b].replay()
-        return self.outputs[b][:nreq * q]
+        out = self.outputs[b]
+        if all(it.num_logits == q for it in items):
+            return out[:nreq * q]
+        rows = [r * q + q - it.num_logits + j for r, it in enumerate(items) for j in range(it.num_logits)]
+        return out.index_select(0, torch.tensor(rows, dtype=torch.int64).to(out.device, non_blocking=True))

@@ -58,6 +58,8 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         if k == 0:
             res.num_draft_computed = valid
             continue
+        if len(committed) - valid == 1 and valid > 0:
+            valid -= 1  # re-feed one known token: every catch-up is 2 tokens, one CUDA graph serves all
         items.append(ForwardItem(committed[valid:], valid, req.block_ids, 1))
         proposals.append(_Proposal(req, committed, k))
     logits = forward(items, None) if items else None

@@ -54,7 +54,8 @@ class ModelRunner:
         plan = [("target", self.target, self.target_kv, 1)]
         if self.num_spec:
             plan += [("target", self.target, self.target_kv, self.num_spec + 1),
-                     ("draft", self.draft, self.draft_kv, 1)]
+                     ("draft", self.draft, self.draft_kv, 1),    # proposal passes 2..k
+                     ("draft", self.draft, self.draft_kv, 2)]    # catch-up + first proposal
         for name, model, kv, q in plan:
             g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
                                self.block_size, self.device)
