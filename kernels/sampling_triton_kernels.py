@@ -140,14 +140,20 @@ def _row_max_sum(row_ptr, V: tl.constexpr, T, BLOCK: tl.constexpr):
 def _search(row_ptr, V: tl.constexpr, T, mx, lo, lo_mass, k, target, BY_MASS: tl.constexpr,
             NT: tl.constexpr, SBLOCK: tl.constexpr):
     """Largest threshold t (as fp32 bits, >= lo) with count(e >= t) >= k, or with
-    mass(e >= t) >= target when BY_MASS. NT candidate thresholds per pass over the row.
+    mass(e >= t) >= target when BY_MASS. Each pass over the row tests NT candidates inside the
+    bracket [lo, hi); values above the bracket are only tallied, and tiles with no value inside
+    it skip the [SBLOCK, NT] comparison, so passes after the first two are mostly streaming.
     Returns (bits, mass of e >= t)."""
     hi = tl.full([], ONE_BITS_PLUS_1, tl.int32)
     jn = tl.arange(0, NT)
     while hi - lo > 1:
         span = (hi - lo).to(tl.int64)
-        cand = lo + ((span * (jn + 1)) // (NT + 1)).to(tl.int32)          # [NT] increasing
+        cand = lo + ((span * (jn + 1)) // (NT + 1)).to(tl.int32)          # [NT] in [lo, hi)
         cf = cand.to(tl.float32, bitcast=True)
+        lo_f = lo.to(tl.float32, bitcast=True)
+        hi_f = hi.to(tl.float32, bitcast=True)
+        up_cnt = tl.zeros([SBLOCK], tl.int32)                              # e >= hi, per lane
+        up_mass = tl.zeros([SBLOCK], tl.float32)
         cnt = tl.zeros([NT], tl.int32)
         mass = tl.zeros([NT], tl.float32)
         for start in range(0, V, SBLOCK):
@@ -155,9 +161,17 @@ def _search(row_ptr, V: tl.constexpr, T, mx, lo, lo_mass, k, target, BY_MASS: tl
             msk = offs < V
             _x, e = _scaled(row_ptr, offs, msk, T, mx)
             e = tl.where(msk, e, -1.0)
-            ge = e[:, None] >= cf[None, :]                                 # [SBLOCK, NT]
-            cnt += tl.sum(ge.to(tl.int32), 0)
-            mass += tl.sum(tl.where(ge, e[:, None], 0.0), 0)
+            up = e >= hi_f
+            up_cnt += up.to(tl.int32)
+            up_mass += tl.where(up, e, 0.0)
+            inb = (e >= lo_f) & (e < hi_f)
+            if tl.max(inb.to(tl.int32), 0) > 0:
+                eb = tl.where(inb, e, -1.0)
+                ge = eb[:, None] >= cf[None, :]                            # [SBLOCK, NT]
+                cnt += tl.sum(ge.to(tl.int32), 0)
+                mass += tl.sum(tl.where(ge, eb[:, None], 0.0), 0)
+        cnt = cnt + tl.sum(up_cnt, 0)
+        mass = mass + tl.sum(up_mass, 0)
         if BY_MASS:
             ok = mass >= target
         else:
