@@ -13,7 +13,9 @@ Bytes read per verification step (V-wide rows, logits in their own dtype):
 every target row once (all chunks of a row together read it once), plus, for probabilistic
 verification, the rejected row's logits again (usually from L2) and its draft-prob row (fp32);
 draft-prob rows of accepted tokens are read at one element each. Top-k / top-p rows add one
-read per bisection pass (about 8 with NT = 16), done by one program per row.
+read per bisection pass (about 8 per filter with NT = 16; passes after the first two mostly just
+stream), done by one program per row: at small batch sizes a filtered row is latency-bound on
+one SM (a split-vocabulary bisection would need one launch per pass).
 """
 
 from __future__ import annotations
