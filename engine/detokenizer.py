@@ -29,8 +29,11 @@ class IncrementalDetokenizer:
         self.skip_special = skip_special_tokens
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.stopped = False
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:  # the Rust tokenizer directly: no per-call Python conversion
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special,
                                      clean_up_tokenization_spaces=False)
 
