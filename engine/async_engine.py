@@ -33,6 +33,7 @@ class RequestStream:
         self._engine = engine
         self._queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
+        self.num_seqs = 1
 
     def _put(self, item: Any) -> None:
         self._queue.put_nowait(item)
@@ -76,7 +77,8 @@ class AsyncEngine:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self._accepting = True
-        self._num_running = 0
+        self._num_running = 0     # sequences running after the last step
+        self._num_seqs = 0        # sequences of all unfinished streams
         self.is_dead = False
         self.dead_error: Optional[str] = None
         self._fault_next_step: Optional[str] = None
@@ -116,11 +118,14 @@ class AsyncEngine:
             raise EngineDeadError("the server is shutting down and accepts no new requests")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        waiting = len(self._streams) - self._num_running
+        # one unit throughout: sequences (a request with n > 1 is n of them), as the scheduler runs them
+        waiting = self._num_seqs - self._num_running
         if waiting >= self.config.max_waiting_requests:
             raise QueueFullError(waiting, self.config.max_waiting_requests)
         self.core.validate(prompt_token_ids, params)
         stream = RequestStream(self, request_id)
+        stream.num_seqs = params.n
+        self._num_seqs += params.n
         self._streams[request_id] = stream
         self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt_text, time.monotonic()))
         self._wake.set()
@@ -202,6 +207,7 @@ class AsyncEngine:
             stream._put(out)
             if out.finished:
                 del self._streams[out.request_id]
+                self._num_seqs -= stream.num_seqs
         if stats is not None:
             self._num_running = stats.num_running
             for fn in self._listeners:
@@ -213,6 +219,7 @@ class AsyncEngine:
     def _deliver_error(self, rid: str, error: BaseException) -> None:
         stream = self._streams.pop(rid, None)
         if stream is not None:
+            self._num_seqs -= stream.num_seqs
             stream._put(error)
 
     def _fail_remaining(self, message: str) -> None:

@@ -50,6 +50,7 @@ class EngineCore:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._logprobs: dict[str, list[Logprob]] = {}
         self._seed_rng = random.Random(config.seed)
+        self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -69,6 +70,9 @@ class EngineCore:
             raise ParamError("max_tokens", f"this model's maximum context length is {info.max_model_len} "
                              f"tokens; you requested {n + max_tokens} ({n} in the prompt + "
                              f"{max_tokens} max_tokens)")
+        if params.min_tokens > max_tokens:
+            raise ParamError("min_tokens", f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens "
+                             "this request can generate")
         if params.logit_bias:
             bad = [t for t in params.logit_bias if not 0 <= int(t) < info.vocab_size]
             if bad:
@@ -114,6 +118,7 @@ class EngineCore:
                 self.scheduler.finish(child, FinishReason.ABORT)
             outs.append(self._output(parent))
             self._retire(parent)
+        self._draft_prob_bytes = self.draft_prob_bytes()
         return outs
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -136,6 +141,7 @@ class EngineCore:
         t0 = time.monotonic()
         so = self.scheduler.schedule()
         stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
+        stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
         if not so.is_empty:
             for s in so.scheduled:
@@ -163,6 +169,7 @@ class EngineCore:
         if res is not None and res.num_draft_computed is not None:
             req.num_draft_computed = res.num_draft_computed
             req.num_draft_kv_ahead = res.num_draft_kv_ahead
+        self._commit(req)  # before a possible finish frees the blocks: they stay reusable
         if s.samples:
             assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
             accepted = len(res.sampled) - 1
@@ -175,10 +182,14 @@ class EngineCore:
                 req.draft_token_ids = res.new_drafts
                 req.draft_probs = res.new_draft_probs
         if not req.is_finished:
-            valid = req.num_computed_tokens
-            if self.runner.draft is not None:
-                valid = min(valid, req.num_draft_computed)
-            self.kv.commit(req, valid)
+            self._commit(req)
+
+    def _commit(self, req: Request) -> None:
+        """Register full blocks of committed tokens whose KV every model has computed."""
+        valid = req.num_computed_tokens
+        if self.runner.draft is not None:
+            valid = min(valid, req.num_draft_computed)
+        self.kv.commit(req, valid)
 
     def _append_tokens(self, req: Request, res: RequestResult, stats: StepStats, now: float) -> None:
         detok = self._detok[req.request_id]
@@ -189,7 +200,10 @@ class EngineCore:
             if res.logprobs is not None:
                 self._logprobs[req.request_id].append(res.logprobs[i])
             n_out = req.num_output_tokens
-            stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
+            stop_tok = (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids
+            stop_str = None
+            if not stop_tok or p.include_stop_str_in_output:  # a stop token's text is left out
+                stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
             if req.times.first_token is None:
                 req.times.first_token = now
             req.times.last_token = now
@@ -232,7 +246,7 @@ class EngineCore:
         stats.kv_cache_usage = self.kv.pool.usage
         stats.num_free_blocks = self.kv.pool.num_free
         stats.num_scheduled_tokens = num_scheduled
-        stats.draft_prob_bytes = self.draft_prob_bytes()
+        stats.draft_prob_bytes = self._draft_prob_bytes = self.draft_prob_bytes()
         stats.step_seconds = seconds
 
     def draft_prob_bytes(self) -> int:
@@ -243,12 +257,13 @@ class EngineCore:
         return total
 
     def debug_state(self) -> dict:
+        """Counters safe to read from another thread (no iteration over live containers)."""
         return {
             "num_free_blocks": self.kv.pool.num_free,
             "num_total_blocks": self.kv.num_blocks,
             "num_unfinished_requests": len(self._parents),
             "num_scheduler_requests": len(self.scheduler.requests),
-            "draft_prob_bytes": self.draft_prob_bytes(),
+            "draft_prob_bytes": self._draft_prob_bytes,
         }
 
 

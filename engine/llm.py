@@ -50,16 +50,21 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError("give one SamplingParams or one per prompt")
+        encoded = [self.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts]
+        for ids, p in zip(encoded, plist):  # all or nothing: refuse before anything is queued
+            self.core.validate(ids, p)
         order = []
-        for prompt, p in zip(prompts, plist):
-            rid = f"llm-{next(self._ids)}"
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.core.add_request(rid, ids, p, prompt if isinstance(prompt, str) else None)
-            order.append(rid)
         done: dict[str, RequestOutput] = {}
-        while self.core.has_unfinished():
-            outputs, _ = self.core.step()
-            for out in outputs:
-                if out.finished:
-                    done[out.request_id] = out
+        try:
+            for prompt, ids, p in zip(prompts, encoded, plist):
+                rid = f"llm-{next(self._ids)}"
+                self.core.add_request(rid, ids, p, prompt if isinstance(prompt, str) else None)
+                order.append(rid)
+            while self.core.has_unfinished():
+                outputs, _ = self.core.step()
+                for out in outputs:
+                    if out.finished:
+                        done[out.request_id] = out
+        finally:  # an error leaves nothing behind for the next call
+            self.core.abort([rid for rid in order if rid not in done])
         return [done[rid] for rid in order]

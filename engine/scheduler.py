@@ -42,6 +42,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_step = 0
+        self.prefix_queries_step = 0   # prompt tokens looked up in the prefix cache this step
+        self.prefix_hits_step = 0      # of which were found
 
     # ---- membership --------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -134,6 +136,8 @@ class Scheduler:
             req = self.waiting[0]
             if not req.block_ids:
                 cached = self.kv.claim_prefix(req)
+                self.prefix_queries_step += req.num_tokens
+                self.prefix_hits_step += cached
                 req.num_computed_tokens = req.num_draft_computed = cached
                 if req.num_output_tokens == 0:
                     req.num_cached_tokens = cached
@@ -162,6 +166,11 @@ class Scheduler:
         req.times.num_preemptions += 1
         self.num_preemptions_step += 1
         self.waiting.appendleft(req)
+
+    def pop_prefix_counts(self) -> tuple[int, int]:
+        out = (self.prefix_queries_step, self.prefix_hits_step)
+        self.prefix_queries_step = self.prefix_hits_step = 0
+        return out
 
     def pop_preemption_count(self) -> int:
         n, self.num_preemptions_step = self.num_preemptions_step, 0

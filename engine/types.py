@@ -39,6 +39,20 @@ def _finite(name: str, value: float) -> None:
         raise ParamError(name, f"{name} must be a finite number, got {value!r}")
 
 
+def _int_keys(bias: dict) -> dict[int, float]:
+    """logit_bias keys as ints (JSON object keys arrive as strings)."""
+    out = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {key!r}") from None
+        if isinstance(key, float) and key != tok:
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+        out[tok] = value
+    return out
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling options (the OpenAI fields plus vLLM's common extras).
@@ -89,6 +103,8 @@ class SamplingParams:
             raise ParamError("top_k", f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
         if self.top_k == -1:
             self.top_k = 0
+        if self.top_k > 2**31 - 1:
+            raise ParamError("top_k", f"top_k must be below 2**31, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -112,6 +128,7 @@ class SamplingParams:
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ParamError("seed", "seed must fit in a signed 64-bit integer")
         if self.logit_bias:
+            self.logit_bias = _int_keys(self.logit_bias)
             for tok, bias in self.logit_bias.items():
                 _finite("logit_bias", bias)
                 if not -100.0 <= bias <= 100.0:

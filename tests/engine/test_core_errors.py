@@ -93,8 +93,6 @@ def test_duplicate_request_id(make_llm, drive):
     d.until_done()
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: LLM.generate leaves earlier prompts queued when a "
-                   "later one is refused (see /work/prompts/engine_bugs.md)")
 def test_generate_is_all_or_nothing(make_llm):
     llm = make_llm(MODEL, max_model_len=64)
     with pytest.raises(ParamError):
@@ -105,8 +103,6 @@ def test_generate_is_all_or_nothing(make_llm):
     assert not leftover, f"refused generate() left {leftover} queued"
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: string logit_bias keys pass validation and crash the "
-                   "step (see /work/prompts/engine_bugs.md)")
 def test_string_logit_bias_keys_are_coerced_or_refused(make_llm):
     llm = make_llm(MODEL)
     try:

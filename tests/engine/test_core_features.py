@@ -122,8 +122,6 @@ def test_stop_token_ids(make_llm):
     assert comp.finish_reason == FinishReason.STOP and comp.stop_reason == ref[i]
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a stop token id's text is left in the output text "
-                   "(see /work/prompts/engine_bugs.md)")
 def test_stop_token_text_is_not_in_the_output_unless_asked(make_llm):
     """vLLM semantics: the stop token stays in token_ids, its text only with include_stop_str_in_output."""
     llm = make_llm(MODEL)

@@ -38,8 +38,6 @@ def test_step_stats_account_for_every_token(make_llm, prompts, drive):
     assert run.num_preemptions == sum(run.final[r].outputs[0].times.num_preemptions for r in rids)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: StepStats.num_prefix_cache_queries/hits are never "
-                   "filled in (see /work/prompts/engine_bugs.md)")
 def test_step_stats_report_prefix_cache_hits(make_llm, prompts, drive):
     llm = make_llm(MODEL)
     shared = prompts([48], seed=41)[0]
@@ -53,8 +51,6 @@ def test_step_stats_report_prefix_cache_hits(make_llm, prompts, drive):
     assert sum(s.num_prefix_cache_hits for s in run.stats) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: a request that finishes in its prefill step "
-                   "(max_tokens=1) never registers its prompt blocks (see /work/prompts/engine_bugs.md)")
 def test_a_one_token_request_fills_the_prefix_cache(make_llm, prompts):
     llm = make_llm(MODEL)
     shared = prompts([48], seed=42)[0]

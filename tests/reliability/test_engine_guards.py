@@ -1,8 +1,7 @@
 """Engine-side guards the reliability runs found missing (reported in /work/prompts/engine_bugs.md).
 
-The server now refuses these inputs itself where it can; these tests pin the engine's own
-behaviour so that ``engine.LLM`` users and the queue limit are protected too. Each is
-``xfail(strict=True)`` until the engine is fixed, so the fix turns them green loudly.
+The server refuses these inputs itself where it can; these tests pin the engine's own
+behaviour so that ``engine.LLM`` users and the queue limit are protected too.
 """
 
 from __future__ import annotations
@@ -17,9 +16,6 @@ from tests.reliability.clients import run_request
 from tests.reliability.conftest import MAX_RUNNING, MAX_WAITING
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="engine bug: SamplingParams accepts top_k beyond int32; the step then raises "
-                          "'value cannot be converted to type int32' and the whole engine dies")
 def test_sampling_params_refuse_top_k_beyond_int32() -> None:
     try:
         SamplingParams(top_k=2**40)
@@ -29,9 +25,6 @@ def test_sampling_params_refuse_top_k_beyond_int32() -> None:
     raise AssertionError("top_k=2**40 was accepted")
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: AsyncEngine.add_request counts waiting requests as "
-                                       "open streams minus running *sequences*; an n>1 request makes it "
-                                       "negative and the --max-waiting-requests limit lets more in")
 def test_queue_limit_holds_while_an_n_request_runs(queue_srv) -> None:
     """One request with n=4 fills the 4 running slots; then only 8 more may wait, the rest get 503."""
     long = {"model": "tiny", "prompt": "import os", "max_tokens": 200, "ignore_eos": True}

@@ -196,8 +196,6 @@ def test_legal_extremes_are_served_in_bounded_time(srv: ServerProcess, ledger) -
     _still_serving(srv)
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: min_tokens is not checked against the resolved "
-                                       "max_tokens (see /work/prompts/engine_bugs.md)")
 def test_min_tokens_beyond_the_context_is_refused(srv: ServerProcess) -> None:
     body = {**C, "min_tokens": 10**9}
     del body["max_completion_tokens"]  # max_tokens resolves to "the rest of the context"
