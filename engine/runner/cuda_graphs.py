@@ -1,7 +1,8 @@
 """CUDA graphs of a model's forward + LM head for uniform batches.
 
-A batch is uniform when every request feeds the same number of tokens ``q`` and wants logits
-for all of them: plain decode and draft steps (q = 1), verification of k drafts (q = k + 1).
+A batch fits a graph of query length ``q`` when every request feeds at most ``q`` tokens and
+wants logits: plain decode and draft steps (q = 1), the draft's catch-up (q = 2), verification
+of up to k drafts (q = k + 1; a request with fewer drafts near its max_tokens is padded).
 Graphs are captured once per (q, batch bucket) with static input buffers; a smaller batch is
 padded to its bucket with rows that write no KV (slot -1) and attend only to block 0. The
 attention kernel's launch grid is sized from ``max_model_len`` at capture, so one graph serves
@@ -72,8 +73,9 @@ class GraphedForward:
                  self.buckets[-1], self.model.spec.architecture, time.monotonic() - t0)
 
     def fits(self, items: list[ForwardItem]) -> bool:
+        """Every item feeds at most q tokens (shorter runs are padded) and wants logits."""
         return (0 < len(items) <= self.buckets[-1]
-                and all(len(it.token_ids) == self.q and 0 < it.num_logits <= self.q for it in items))
+                and all(0 < it.num_logits <= len(it.token_ids) <= self.q for it in items))
 
     @torch.inference_mode()
     def run(self, items: list[ForwardItem], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -86,9 +88,12 @@ class GraphedForward:
         width = self.block_tables.shape[1]
         tables = torch.zeros((b, width), dtype=torch.int32)
         for r, it in enumerate(items):
-            p = range(it.start, it.start + q)
-            pos.extend(p)
-            slots.extend(it.block_ids[x // bs] * bs + x % bs for x in p)
+            # a run shorter than q (a verification with fewer drafts) is padded at its end: the
+            # pad positions write no KV (slot -1) and, being later, are never attended to
+            n_real = len(it.token_ids)
+            pos.extend(range(it.start, it.start + q))
+            slots.extend(it.block_ids[x // bs] * bs + x % bs for x in range(it.start, it.start + n_real))
+            slots.extend([-1] * (q - n_real))
             seq_lens.append(it.start + q)
             tables[r, :len(it.block_ids)] = torch.tensor(it.block_ids, dtype=torch.int32)
         pad = b - nreq
@@ -100,14 +105,16 @@ class GraphedForward:
         self.slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
         self.seq_lens[:b].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)
-        if input_ids is not None:
+        if input_ids is not None:  # device-resident tokens: only for runs of exactly q
+            assert all(len(it.token_ids) == q for it in items)
             self.input_ids[:nreq * q].copy_(input_ids)
         else:
-            ids = [t for it in items for t in it.token_ids]
+            ids = [t for it in items for t in it.token_ids + [0] * (q - len(it.token_ids))]
             self.input_ids[:nreq * q].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
         self.graphs[b].replay()
         out = self.outputs[b]
         if all(it.num_logits == q for it in items):
             return out[:nreq * q]
-        rows = [r * q + q - it.num_logits + j for r, it in enumerate(items) for j in range(it.num_logits)]
+        rows = [r * q + len(it.token_ids) - it.num_logits + j
+                for r, it in enumerate(items) for j in range(it.num_logits)]
         return out.index_select(0, torch.tensor(rows, dtype=torch.int64).to(out.device, non_blocking=True))

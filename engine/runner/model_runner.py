@@ -84,9 +84,8 @@ class ModelRunner:
     def _forward(self, which: str, items: list[ForwardItem],
                  input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """Logits [sum(num_logits), V] for ``items``; ``input_ids`` (device) overrides their tokens."""
-        q = len(items[0].token_ids) if items else 0
-        graph = self.graphs.get((which, q))
-        if graph is not None and graph.fits(items):
+        graph = self._graph_for(which, items)
+        if graph is not None:
             return graph.run(items, input_ids)
         model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
         bound = self.max_model_len if self.device.type == "cuda" else None
@@ -96,6 +95,17 @@ class ModelRunner:
         if inputs.logits_indices.numel() == 0:
             return None
         return model.compute_logits(hidden[inputs.logits_indices])   # [rows, V]
+
+    def _graph_for(self, which: str, items: list[ForwardItem]) -> Optional[GraphedForward]:
+        """The smallest captured graph whose query length covers every item, if any."""
+        if not self.graphs or not items:
+            return None
+        longest = max(len(it.token_ids) for it in items)
+        for q in sorted(q for (w, q) in self.graphs if w == which):
+            if q >= longest:
+                graph = self.graphs[(which, q)]
+                return graph if graph.fits(items) else None
+        return None
 
     def _draft_forward(self, items: list[ForwardItem],
                        input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
