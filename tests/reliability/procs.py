@@ -100,9 +100,14 @@ class ServerProcess:
             raise
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the process if it still runs and remove its log file."""
         self.kill()
         self._log.close()
-        os.unlink(self._log.name)
+        if os.path.exists(self._log.name):
+            os.unlink(self._log.name)
 
 
 def is_idle(state: dict) -> bool:

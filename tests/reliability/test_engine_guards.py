@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import pytest
 
 from engine.types import ParamError, SamplingParams
 from tests.reliability.clients import run_request

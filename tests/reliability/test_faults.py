@@ -80,7 +80,7 @@ def test_fault_fails_requests_then_the_process_exits_non_zero(pair, ledger) -> N
         exit_after = time.monotonic() - t_fault
     finally:
         logs = srv.logs()
-        srv.kill()
+        srv.close()
     ledger.add("engine faults", "faults injected", 1)
     ledger.add("engine faults", "in-flight requests failed with 500/error event", len(outcomes))
     ledger.add("engine faults", "exit status", code)

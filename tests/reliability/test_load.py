@@ -40,6 +40,7 @@ class Config:
     mode: str
     ignore_eos: bool
     stop: Optional[tuple[str, ...]]
+    stop_token_ids: Optional[tuple[int, ...]]
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -53,6 +54,8 @@ class Config:
             b["seed"] = self.seed
         if self.stop:
             b["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            b["stop_token_ids"] = list(self.stop_token_ids)
         if self.chat:
             b["messages"] = [{"role": "user", "content": self.prompt}]
             b["max_completion_tokens"] = self.max_tokens
@@ -71,13 +74,14 @@ def make_configs(rng: random.Random) -> list[Config]:
     for i in range(48):
         mode = "greedy" if i % 2 == 0 else "seeded"
         text = BASE_TEXTS[i % len(BASE_TEXTS)]
-        prompt = " ".join([text] * rng.choice([1, 1, 2, 4, 6]))  # ~5 to ~100 tokens
+        prompt = " ".join([text] * rng.choice([1, 1, 2, 3, 4]))  # ~5 to ~70 tokens
         extra = {} if mode == "greedy" else dict(
             temperature=rng.choice([0.7, 1.0, 1.3]), top_p=rng.choice([1.0, 0.9]),
             top_k=rng.choice([0, 20]), seed=rng.randrange(2**31))
-        configs.append(Config(chat=i % 3 == 0, prompt=prompt, max_tokens=rng.choice([1, 4, 8, 16, 24, 40]),
+        configs.append(Config(chat=i % 3 == 0, prompt=prompt, max_tokens=rng.choice([1, 8, 16, 32, 48, 64]),
                               n=2 if i % 7 == 0 else 1, mode=mode, ignore_eos=rng.random() < 0.5,
-                              stop=(" the", "\n\n") if i % 5 == 0 else None, **extra))
+                              stop=("e", "t") if i % 5 == 0 else None,
+                              stop_token_ids=tuple(range(100, 140)) if i % 5 == 1 else None, **extra))
     return configs
 
 
@@ -93,8 +97,10 @@ def finish_problem(cfg: Config, out: Outcome, eos_id: int) -> Optional[str]:
                 return f"choice {i}: 'length' after {len(c.token_ids)} of {cfg.max_tokens} tokens"
         elif c.finish_reason == "stop":
             by_eos = not cfg.ignore_eos and c.token_ids and c.token_ids[-1] == eos_id and c.stop_reason is None
-            by_str = cfg.stop is not None and c.stop_reason in cfg.stop
-            if not (by_eos or by_str) or len(c.token_ids) > cfg.max_tokens:
+            by_str = cfg.stop is not None and c.stop_reason in cfg.stop and not any(s in c.text for s in cfg.stop)
+            by_id = (cfg.stop_token_ids is not None and c.stop_reason in cfg.stop_token_ids
+                     and c.token_ids[-1] == c.stop_reason)
+            if not (by_eos or by_str or by_id) or len(c.token_ids) > cfg.max_tokens:
                 return f"choice {i}: 'stop' without a stop condition ({c.stop_reason!r}, {c.token_ids[-3:]})"
         else:
             return f"choice {i}: finish_reason {c.finish_reason!r}"
@@ -131,8 +137,9 @@ def test_load_with_preemption_is_exact_and_leaves_nothing(pair, eos_id, ledger) 
         state = srv.wait_idle()
         reference = dict(zip(configs, asyncio.run(_run_sequential(srv.url, srv.headers, configs))))
 
-    problems = [f"{cfg}: {why}" for (cfg, _), out in zip(jobs, outcomes)
-                if (why := finish_problem(cfg, out, eos_id))]
+    problems = [f"{cfg}: {why}" for (cfg, stream), out in zip(jobs, outcomes)
+                if (why := finish_problem(cfg, out, eos_id) or (stream and not out.done_marker and "no [DONE]"))]
+    reasons = [c.finish_reason for o in outcomes for c in o.choices.values()]
     mismatched = [cfg for (cfg, _), out in zip(jobs, outcomes) if out.signature() != reference[cfg].signature()]
     def grew(name: str) -> float:
         return metric(after, name) - metric(before, name)
@@ -146,6 +153,7 @@ def test_load_with_preemption_is_exact_and_leaves_nothing(pair, eos_id, ledger) 
     ledger.add("load", "greedy / seeded", f"{sum(c.mode == 'greedy' for c, _ in jobs)} / "
                                          f"{sum(c.mode == 'seeded' for c, _ in jobs)}")
     ledger.add("load", "completed correctly", len(jobs) - len(problems))
+    ledger.add("load", "finish reasons", f"length {reasons.count('length')} / stop {reasons.count('stop')}")
     ledger.add("load", "equal to one-at-a-time", len(jobs) - len(mismatched))
     ledger.add("load", "preemptions", int(preemptions))
     ledger.add("load", "KV blocks free after", f"{state['num_free_blocks']}/{state['num_total_blocks']}")

@@ -75,7 +75,7 @@ def test_sigterm_lets_streams_finish_and_refuses_new_ones(pair, ledger) -> None:
         took = time.monotonic() - t0
     finally:
         logs = srv.logs()
-        srv.kill()
+        srv.close()
     complete = [o for i, o in enumerate(outcomes) if o.status == 200 and o.error is None
                 and [(len(c.token_ids), c.finish_reason) for c in o.choices.values()] == [(MAX_TOKENS, "length")]
                 and (o.done_marker or not _body(i)[1]["stream"])]
