@@ -24,10 +24,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
     args = ap.parse_args()
     for k in (0, args.k):
         llm = LLM(args.model, draft_model=args.draft if k else None, num_speculative_tokens=k or None,
-                  device=args.device, max_model_len=1024)
+                  device=args.device, max_model_len=1024, load_format=args.load_format,
+                  max_num_seqs=args.max_num_seqs, num_kv_blocks=64 * 80)
         core = llm.core
         for i in range(args.batch):
             core.add_request(f"p{i}", list(range(10, 138)), SamplingParams(temperature=0, max_tokens=800,
