@@ -89,28 +89,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cuda | cpu")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default="auto",
+                   help="auto: Triton on CUDA, the PyTorch reference on CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU smoke run)")
     p.add_argument("--sections", type=_sections, default=SECTIONS,
                    help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seeds dummy weights and prompts (default 0)")
     p.add_argument("--k", type=int, default=None, help="draft tokens per step (default 4)")
     p.add_argument("--batch-sizes", type=_ints, default=None, help="e2e batch sizes (1,16,64)")
-    p.add_argument("--prompt-len", type=int, default=None)
-    p.add_argument("--output-len", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=int, default=None, help="generated tokens per request (default 128)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit of the engines (default 1024; it also sizes the graphs' attention grid)")
     p.add_argument("--decode-steps", type=int, default=None, help="timed batch-1 decode steps")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per forward measurement")
     p.add_argument("--pair-target", default=None, help="target of the real pair (default: demo)")
     p.add_argument("--pair-draft", default=None, help="draft of the real pair (default: demo)")
-    p.add_argument("--serve-concurrency", type=_ints, default=None, help="(1,16,64)")
+    p.add_argument("--serve-concurrency", type=_ints, default=None,
+                   help="client concurrency levels of the serve section (default 1,16,64)")
     p.add_argument("--serve-requests", type=int, default=None, help="requests per concurrency level")
-    p.add_argument("--serve-output-len", type=int, default=None)
+    p.add_argument("--serve-output-len", type=int, default=None,
+                   help="tokens per request in the serve section (default 64)")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on CPU (--quick: 1; tiny ops on a busy machine run far "
                         "faster single-threaded)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write the JSON and Markdown only")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
