@@ -26,14 +26,18 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--random-prompts", action="store_true", help="random token ids (as the bench)")
     args = ap.parse_args()
     for k in (0, args.k):
         llm = LLM(args.model, draft_model=args.draft if k else None, num_speculative_tokens=k or None,
                   device=args.device, max_model_len=1024, load_format=args.load_format,
                   max_num_seqs=args.max_num_seqs, num_kv_blocks=64 * 80)
         core = llm.core
+        rng = torch.Generator().manual_seed(0)
         for i in range(args.batch):
-            core.add_request(f"p{i}", list(range(10, 138)), SamplingParams(temperature=0, max_tokens=800,
+            prompt = (torch.randint(10, 4000, (128,), generator=rng).tolist() if args.random_prompts
+                      else list(range(10, 138)))
+            core.add_request(f"p{i}", prompt, SamplingParams(temperature=0, max_tokens=800,
                                                                           ignore_eos=True))
         for _ in range(8):
             core.step()
