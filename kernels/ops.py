@@ -64,3 +64,12 @@ def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_
                                               draft_token_ids, draft_probs, temperature, top_k,
                                               top_p, min_p, seeds, positions, method,
                                               max_num_draft_tokens)
+
+
+def warm_up_sampling(vocab, max_reqs, max_drafts, method, with_probs, store_probs, dtype, device):
+    """Compile the sampling kernels' variants ahead of traffic (a no-op for the torch backend).
+    Returns the number of warm-up calls made."""
+    impl = _impl("sampling")
+    if not hasattr(impl, "warm_up"):
+        return 0
+    return impl.warm_up(vocab, max_reqs, max_drafts, method, with_probs, store_probs, dtype, device)

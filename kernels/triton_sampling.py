@@ -168,3 +168,52 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         pl.num_chunks, pr.num_chunks, STRICT=strict, CP=cp, CRP=crp,
         WP=triton.next_power_of_2(width), num_warps=1)
     return out
+
+
+def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> list[int]:
+    """Row counts that reach every compiled variant: each launch plan (CHUNK is a compile-time
+    constant) with a count Triton specialises as 1, as a multiple of 16, and as anything else."""
+    seen: dict[tuple[int, int], int] = {}
+    for r in range(1, max(1, max_rows) + 1):
+        kind = 0 if r == 1 else (1 if r % 16 == 0 else 2)
+        seen.setdefault((plan(vocab, r, device).chunk, kind), r)
+    return sorted(seen.values())
+
+
+def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs: bool,
+            store_probs: bool, dtype: torch.dtype, device: torch.device) -> int:
+    """Compile the kernel variants a server can meet, so no request waits for Triton's JIT.
+
+    Variants come from the launch plan (row counts), the padded output width (draft counts) and
+    the method flags; returns the number of calls made. Compiled kernels land in Triton's
+    on-disk cache, so later start-ups are quick.
+    """
+    calls = 0
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def params(n: int):
+        f32 = dict(device=device, dtype=torch.float32)
+        return (torch.ones(n, **f32), torch.zeros(n, dtype=torch.int32, device=device),
+                torch.ones(n, **f32), torch.zeros(n, **f32),
+                torch.arange(n, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device))
+
+    for b in _representative_rows(vocab, max_reqs, device):
+        logits = torch.randn(b, vocab, generator=gen, device=device).to(dtype)
+        sample_draft(logits, *params(b), store_probs)
+        calls += 1
+    ks = sorted({min(max_drafts, k) for k in (0, 1, 3, 7, max_drafts)})
+    shapes = {(r, k) for r in _representative_rows(vocab, max_reqs, device) for k in ks}
+    for rows in _representative_rows(vocab, max_reqs * (max_drafts + 1), device):
+        reqs = max(1, -(-rows // (max_drafts + 1)))
+        shapes.add((reqs, min(max_drafts, rows // reqs - 1)))
+    for reqs, k in sorted(shapes):
+        rows = reqs * (k + 1)
+        logits = torch.randn(rows, vocab, generator=gen, device=device).to(dtype)
+        cu = torch.arange(0, (reqs + 1) * k, k, dtype=torch.int32, device=device) if k else \
+            torch.zeros(reqs + 1, dtype=torch.int32, device=device)
+        drafts = torch.zeros(reqs * k, dtype=torch.int64, device=device)
+        probs = torch.full((reqs * k, vocab), 1.0 / vocab, device=device) if with_probs and k else None
+        rejection_sample(logits, cu, drafts, probs, *params(reqs), method, k)
+        calls += 1
+    torch.cuda.synchronize(device)
+    return calls

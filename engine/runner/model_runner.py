@@ -8,6 +8,7 @@ requests that sample -> the draft model catches up and proposes the next drafts.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 import torch
@@ -19,6 +20,7 @@ from engine.runner.cuda_graphs import GraphedForward
 from engine.runner.drafter import propose
 from engine.runner.inputs import ForwardItem, build_inputs
 from engine.runner.verifier import verify
+from kernels import ops
 
 log = logging.getLogger("specserve.runner")
 
@@ -48,6 +50,17 @@ class ModelRunner:
         self.graphs: dict[tuple[str, int], GraphedForward] = {}
         if device.type == "cuda" and not enforce_eager:
             self._capture_graphs(max_num_seqs, num_blocks)
+        if device.type == "cuda":
+            self._warm_up_sampling(max_num_seqs, dtype)
+
+    def _warm_up_sampling(self, max_num_seqs: int, dtype: torch.dtype) -> None:
+        """Compile the sampler's kernel variants now rather than in the middle of traffic."""
+        t0 = time.monotonic()
+        calls = ops.warm_up_sampling(self.vocab_size, max_num_seqs, self.num_spec, self.rejection_method,
+                                     self.store_draft_probs and self.num_spec > 0,
+                                     self.store_draft_probs, dtype, self.device)
+        if calls:
+            log.info("warmed up %d sampling kernel variants in %.1fs", calls, time.monotonic() - t0)
 
     def _capture_graphs(self, max_num_seqs: int, num_blocks: int) -> None:
         max_blocks = min(num_blocks, -(-(self.max_model_len + self.num_spec + 1) // self.block_size))
