@@ -215,5 +215,6 @@ def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs:
         probs = torch.full((reqs * k, vocab), 1.0 / vocab, device=device) if with_probs and k else None
         rejection_sample(logits, cu, drafts, probs, *params(reqs), method, k)
         calls += 1
-    torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return calls

@@ -125,3 +125,11 @@ else:
         case.q[0, x] = 0.0
         got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK)
         assert got[0, 1] == -1 and got[0, 0] >= 0
+
+    @pytest.mark.parametrize("method,with_probs,store", [("probabilistic", True, True),
+                                                          ("strict", False, True),
+                                                          ("probabilistic", False, False)])
+    def test_warm_up_runs_every_representative_shape(method, with_probs, store) -> None:
+        """The start-up warm-up (compiling variants before traffic) must itself run cleanly."""
+        calls = TS.warm_up(300, 5, 3, method, with_probs, store, torch.float32, torch.device("cpu"))
+        assert calls >= 4
