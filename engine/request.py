@@ -84,10 +84,11 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
-    def spec_budget(self, k: int, max_model_len: int) -> int:
-        """How many drafts this request may still take: K shrinks near max_tokens and the context end."""
-        remaining_out = self.max_tokens - self.num_output_tokens - 1
-        remaining_ctx = max_model_len - self.num_tokens - 1
+    def spec_budget(self, k: int, max_model_len: int, num_new: int = 0) -> int:
+        """How many drafts this request may still take once ``num_new`` more tokens are committed:
+        K shrinks near max_tokens and the context end."""
+        remaining_out = self.max_tokens - (self.num_output_tokens + num_new) - 1
+        remaining_ctx = max_model_len - (self.num_tokens + num_new) - 1
         return max(0, min(k, remaining_out, remaining_ctx))
 
     def clear_drafts(self) -> None:

@@ -108,6 +108,12 @@ class Scheduler:
             k_next = self.limits.num_spec_tokens
         return samples, k_next, req.num_computed_tokens + n + k_next
 
+    @staticmethod
+    def _scheduled(req: Request, n: int, samples: bool, k_next: int) -> ScheduledRequest:
+        """A step's entry for ``req``: all pending drafts are verified iff the chunk samples."""
+        return ScheduledRequest(req, n, req.num_computed_tokens, samples,
+                                len(req.draft_token_ids) if samples else 0, k_next)
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
@@ -125,8 +131,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 continue  # req preempted itself; the list shrank, i stays
-            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, samples,
-                                                  len(req.draft_token_ids) if samples else 0, k_next))
+            out.scheduled.append(self._scheduled(req, n, samples, k_next))
             budget -= n
             i += 1
         return budget
@@ -151,8 +156,7 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, samples,
-                                                  len(req.draft_token_ids) if samples else 0, k_next))
+            out.scheduled.append(self._scheduled(req, n, samples, k_next))
             budget -= n
 
     def _preempt(self, req: Request) -> None:

@@ -54,7 +54,7 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         accepted = res.sampled
         valid = req.num_draft_computed + min(len(accepted) - 1, req.num_draft_kv_ahead)
         committed = req.token_ids + accepted
-        k = _budget(req, len(accepted), num_spec, max_model_len)
+        k = req.spec_budget(num_spec, max_model_len, num_new=len(accepted))
         if k == 0:
             res.num_draft_computed = valid
             continue
@@ -79,7 +79,8 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
     the host reads them once at the end, unless a request's logits processors need the tokens."""
     host_each_pass = any(needs_processing(p.request) for p in proposals)
     max_k = max(p.k for p in proposals)
-    table = torch.full((len(proposals), max_k), -1, dtype=torch.int64, device=device)  # [P, k]
+    table = None if host_each_pass else torch.full((len(proposals), max_k), -1, dtype=torch.int64,
+                                                   device=device)  # [P, k]
     prev: Optional[torch.Tensor] = None
     prev_rows: list[int] = []
     for j in range(max_k):
@@ -94,10 +95,11 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
                     [prev_rows.index(i) for i in rows], device=device)]
             logits = forward(items, ids)
         tokens, probs = _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
-        table[rows, j] = tokens
         if host_each_pass:
             for p, tok in zip(active, tokens.tolist()):
                 p.drafts.append(tok)
+        else:
+            table[rows, j] = tokens
         if store_probs:
             for i, p in enumerate(active):
                 p.probs.append(probs[i])
@@ -105,12 +107,6 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
     if not host_each_pass:
         for p, row in zip(proposals, table.tolist()):  # the draft's one host read of the step
             p.drafts = row[:p.k]
-
-
-def _budget(req: Request, num_new: int, num_spec: int, max_model_len: int) -> int:
-    remaining_out = req.max_tokens - (req.num_output_tokens + num_new) - 1
-    remaining_ctx = max_model_len - (req.num_tokens + num_new) - 1
-    return max(0, min(num_spec, remaining_out, remaining_ctx))
 
 
 def _sample_pass(active: list[_Proposal], logits: torch.Tensor, j: int, store_probs: bool,

@@ -5,6 +5,8 @@ Plain decoding is the same call with zero drafts, so every request goes down one
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine.batch import RequestResult, ScheduledRequest
@@ -30,7 +32,7 @@ def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
     apply_processors(logits, rows)
 
     ks = [s.num_drafts for s in sampling]
-    cu = torch.tensor([0] + _cumsum(ks), dtype=torch.int32).to(device)
+    cu = torch.tensor(list(itertools.accumulate(ks, initial=0)), dtype=torch.int32).to(device)
     draft_ids = torch.tensor([t for s in sampling for t in s.request.draft_token_ids[:s.num_drafts]],
                              dtype=torch.int64).to(device)
     draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
@@ -47,14 +49,6 @@ def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
                                         s.request.params.logprobs)
         results[s.request.request_id] = res
     return results
-
-
-def _cumsum(xs: list[int]) -> list[int]:
-    out, acc = [], 0
-    for x in xs:
-        acc += x
-        out.append(acc)
-    return out
 
 
 def _raw_rows_for_logprobs(sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict:
