@@ -45,6 +45,14 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     return _impl("layers").write_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
+def attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions,
+                       cos_sin_cache, k_cache, v_cache, slot_mapping):
+    """q/k norm (optional) + rotary + KV-cache write from the fused QKV projection; returns q."""
+    return _impl("layers").attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm,
+                                              k_norm, eps, positions, cos_sin_cache, k_cache,
+                                              v_cache, slot_mapping)
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                     max_query_len=None, max_seq_len=None):
     return _impl("layers").paged_attention(q, k_cache, v_cache, block_tables, query_start_loc,

@@ -89,6 +89,33 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_flat[idx] = v[valid].to(v_cache.dtype)
 
 
+def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                       q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
+                       positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """What happens between the QKV projection and attention, as one op.
+
+    qkv: [N, (Hq + 2 Hk) D] (q heads, then k heads, then v heads). Splits it, applies the
+    per-head RMSNorm to q and k when ``q_norm`` / ``k_norm`` are given (Qwen3), the rotary
+    embedding to both, and stores k and v at ``slot_mapping`` (negative slots skipped).
+    Returns q: [N, Hq, D], a new contiguous tensor (``qkv`` is not modified).
+    """
+    n = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(n, num_heads, head_dim)
+    k = k.reshape(n, num_kv_heads, head_dim)
+    v = v.reshape(n, num_kv_heads, head_dim)
+    if q_norm is not None:
+        q = rms_norm(q.reshape(-1, head_dim), q_norm, eps).view(n, num_heads, head_dim)
+        k = rms_norm(k.reshape(-1, head_dim), k_norm, eps).view(n, num_kv_heads, head_dim)
+    else:
+        q, k = q.contiguous(), k.contiguous()
+    apply_rotary(q, k, positions, cos_sin_cache)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,

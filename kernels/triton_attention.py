@@ -224,9 +224,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_reqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     block_size = k_cache.shape[1]
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)  # [N, Hq, D]
     if num_tokens == 0 or num_reqs == 0:
-        return out
+        return torch.zeros_like(q, memory_format=torch.contiguous_format)
     group = num_q_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     d_pad = max(16, triton.next_power_of_2(head_dim))
@@ -243,6 +242,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tiles = num_tokens // block_q + num_reqs
     splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
                                           block_q, q.device)
+    # split-KV: the merge writes every row of out; otherwise rows no tile owns (batch padding)
+    # must read as zeros
+    alloc = torch.empty_like if splits > 1 else torch.zeros_like
+    out = alloc(q, memory_format=torch.contiguous_format)  # [N, Hq, D]
     if splits > 1:
         ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
                              device=q.device)

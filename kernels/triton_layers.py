@@ -8,6 +8,8 @@ before the product. No function here reads a device value on the host.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -15,7 +17,7 @@ import triton.language as tl
 from kernels.triton_attention import paged_attention
 
 __all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
-           "paged_attention"]
+           "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -192,3 +194,103 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), HEAD_DIM=head_dim,
         BLOCK_SIZE=k_cache.shape[1], HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         D_PAD=triton.next_power_of_2(head_dim), num_warps=1 if num_kv_heads * head_dim <= 256 else 4)
+
+
+@triton.jit
+def _norm_rope_heads(src, dst, num_heads, w_ptr, eps, cos, sin, offs_i,
+                     HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                     TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, H_PAD: tl.constexpr):
+    """One token's heads [num_heads, HEAD_DIM] from ``src`` to ``dst`` (both head-major, unit
+    stride): optional RMSNorm per head (rounded like rms_norm), then rotary on the first 2 HALF
+    dims (rounded like apply_rotary); dims past 2 HALF are only normalised."""
+    offs_h = tl.arange(0, H_PAD)[:, None]
+    ok_h = offs_h < num_heads
+    lo_m = ok_h & (offs_i[None, :] < HALF)
+    lo_off = offs_h * HEAD_DIM + offs_i[None, :]
+    x1 = tl.load(src + lo_off, mask=lo_m, other=0.0)
+    x2 = tl.load(src + lo_off + HALF, mask=lo_m, other=0.0)
+    dtype = x1.dtype
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    if TAIL > 0:
+        offs_t = tl.arange(0, TAIL_PAD)[None, :]
+        t_m = ok_h & (offs_t < TAIL)
+        t_off = offs_h * HEAD_DIM + 2 * HALF + offs_t
+        xtf = tl.load(src + t_off, mask=t_m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        ss = tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)
+        if TAIL > 0:
+            ss += tl.sum(xtf * xtf, axis=1)
+        inv = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_i, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_i, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
+        x1f = ((x1f * inv).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2f = ((x2f * inv).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+        if TAIL > 0:
+            wt = tl.load(w_ptr + 2 * HALF + offs_t, mask=offs_t < TAIL, other=0.0).to(tl.float32)
+            xtf = ((xtf * inv).to(dtype).to(tl.float32) * wt).to(dtype).to(tl.float32)
+    tl.store(dst + lo_off, (x1f * cos - x2f * sin).to(dst.dtype.element_ty), mask=lo_m)
+    tl.store(dst + lo_off + HALF, (x2f * cos + x1f * sin).to(dst.dtype.element_ty), mask=lo_m)
+    if TAIL > 0:
+        tl.store(dst + t_off, xtf.to(dst.dtype.element_ty), mask=t_m)
+
+
+@triton.jit
+def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr,
+                               pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
+                               stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs,
+                               stride_vcb, stride_vcs,
+                               HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                               HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
+                               TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
+                               BLOCK_SIZE: tl.constexpr):
+    """One token per program: q -> q_out; k -> k cache and v -> v cache at the token's slot."""
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    offs_i = tl.arange(0, HALF_PAD)
+    ok = offs_i < HALF
+    cos = tl.load(cache_ptr + pos * stride_cache + offs_i, mask=ok, other=1.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_i, mask=ok, other=0.0)[None, :]
+    row = qkv_ptr + token * stride_qkv
+    _norm_rope_heads(row, q_out_ptr + token * stride_qo, num_q_heads, qw_ptr, eps, cos, sin,
+                     offs_i, HAS_NORM, HEAD_DIM, HALF, TAIL, TAIL_PAD, QH_PAD)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:
+        k_src = row + num_q_heads * HEAD_DIM
+        k_dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kcb + (slot % BLOCK_SIZE) * stride_kcs
+        _norm_rope_heads(k_src, k_dst, num_kv_heads, kw_ptr, eps, cos, sin, offs_i, HAS_NORM,
+                         HEAD_DIM, HALF, TAIL, TAIL_PAD, KH_PAD)
+        offs_h = tl.arange(0, KH_PAD)[:, None]
+        offs_d = tl.arange(0, D_PAD)[None, :]
+        v_m = (offs_h < num_kv_heads) & (offs_d < HEAD_DIM)
+        v_off = offs_h * HEAD_DIM + offs_d
+        v = tl.load(k_src + num_kv_heads * HEAD_DIM + v_off, mask=v_m)
+        v_dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
+        tl.store(v_dst + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=v_m)
+
+
+def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                       q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
+                       positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Twin of ref_layers.attention_prologue in one launch (one program per token)."""
+    qkv = _row_major(qkv)
+    num_tokens = qkv.shape[0]
+    q = torch.empty((num_tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if num_tokens == 0:
+        return q
+    for c in (k_cache, v_cache):
+        if c.stride(-1) != 1 or c.stride(-2) != head_dim:
+            raise ValueError("attention_prologue needs caches with contiguous [heads, head_dim] slots")
+    cache = _row_major(cos_sin_cache)
+    half = cache.shape[1] // 2
+    tail = head_dim - 2 * half
+    has_norm = q_norm is not None
+    _attention_prologue_kernel[(num_tokens,)](
+        qkv, q, k_cache, v_cache, q_norm if has_norm else qkv, k_norm if has_norm else qkv,
+        positions, cache, slot_mapping, eps, num_heads, num_kv_heads, qkv.stride(0), q.stride(0),
+        cache.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        HAS_NORM=has_norm, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), HALF=half,
+        HALF_PAD=triton.next_power_of_2(max(half, 1)), TAIL=tail,
+        TAIL_PAD=triton.next_power_of_2(max(tail, 1)), QH_PAD=triton.next_power_of_2(num_heads),
+        KH_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1], num_warps=4)
+    return q

@@ -50,17 +50,9 @@ class Attention(nn.Module):
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)                                            # [N, q + 2kv]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = k.reshape(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view_as(q)
-            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view_as(k)
-        else:
-            q, k = q.contiguous(), k.contiguous()
-        q, k = ops.apply_rotary(q, k, positions, cos_sin)
-        ops.write_kv(k, v.contiguous(), kv[0], kv[1], meta.slot_mapping)
+        q = ops.attention_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.q_norm, self.k_norm, self.eps, positions, cos_sin,
+                                   kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
         out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
                                   meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
         return self.o_proj(out.reshape(n, self.q_size))

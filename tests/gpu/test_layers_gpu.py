@@ -123,6 +123,18 @@ def test_elementwise_kernels(dtype: torch.dtype) -> None:
     ref_layers.write_kv(k, k * 2, k_ref, v_ref, slots)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
+    # the fused prologue (Qwen3-8B shapes: q/k norm, full rotary) against the reference op
+    qkv = torch.randn(64, (HQ + 2 * HK) * D, device="cuda", generator=gen).to(dtype)
+    norms = [(1 + 0.1 * torch.randn(D, device="cuda", generator=gen)).to(dtype) for _ in range(2)]
+    caches = [torch.zeros(40, BLOCK, HK, D, device="cuda", dtype=dtype) for _ in range(4)]
+    q_t = triton_layers.attention_prologue(qkv, HQ, HK, D, *norms, 1e-6, positions, cache,
+                                           caches[0], caches[1], slots)
+    q_r = ref_layers.attention_prologue(qkv, HQ, HK, D, *norms, 1e-6, positions, cache,
+                                        caches[2], caches[3], slots)
+    torch.testing.assert_close(q_t, q_r, **tol)
+    torch.testing.assert_close(caches[0], caches[2], **tol)
+    assert torch.equal(caches[1], caches[3])
+
 
 def _time_us(fn, iters: int = 50) -> float:
     fn()

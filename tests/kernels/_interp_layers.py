@@ -149,6 +149,35 @@ def test_write_kv(dtype: torch.dtype) -> None:
     torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("rot_dim", [16, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_prologue(qk_norm: bool, rot_dim: int, dtype: torch.dtype) -> None:
+    """The fused q/k norm + rotary + KV write equals the reference op by op (GQA, partial
+    rotary, skipped slots), and leaves its qkv input untouched."""
+    from kernels import ref_layers, triton_layers
+
+    gen = torch.Generator().manual_seed(rot_dim + qk_norm)
+    hq, hk, d, n = 6, 2, 16, 7
+    qkv = (torch.randn(n, (hq + 2 * hk) * d, generator=gen) * 3).to(dtype)
+    weights = [(1 + 0.2 * torch.randn(d, generator=gen)).to(dtype) for _ in range(2)] if qk_norm \
+        else [None, None]
+    positions = torch.randint(0, 60, (n,), generator=gen)
+    cache = rotary_cache(64, rot_dim)
+    slots = torch.tensor([3, -1, 0, 11, -5, 7, 9])
+    caches = [torch.full((3, 4, hk, d), float("nan"), dtype=dtype) for _ in range(4)]
+    before = qkv.clone()
+    got = triton_layers.attention_prologue(qkv, hq, hk, d, *weights, 1e-6, positions, cache,
+                                           caches[0], caches[1], slots)
+    want = ref_layers.attention_prologue(qkv, hq, hk, d, *weights, 1e-6, positions, cache,
+                                         caches[2], caches[3], slots)
+    assert torch.equal(qkv, before) and got.shape == (n, hq, d) and got.is_contiguous()
+    atol = 1e-5 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)
+    torch.testing.assert_close(caches[0], caches[2], atol=atol, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
+
+
 def test_paged_attention_many_requests() -> None:
     """33 requests of random shapes: the tile -> request binary search over query_start_loc."""
     import random

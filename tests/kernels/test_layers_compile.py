@@ -75,3 +75,8 @@ def test_elementwise_kernels_compile() -> None:
     _compile(tl_._rotary_kernel, "bf16", dict(HALF=64, HALF_PAD=64, QH_PAD=32, KH_PAD=8))
     _compile(tl_._silu_and_mul_kernel, "bf16", dict(BLOCK=1024))
     _compile(tl_._write_kv_kernel, "bf16", dict(HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PAD=8, D_PAD=128))
+    for has_norm, tail in ((True, 0), (False, 64)):   # Qwen3 (full rotary), partial rotary
+        _compile(tl_._attention_prologue_kernel, "bf16",
+                 dict(HAS_NORM=has_norm, HEAD_DIM=128, D_PAD=128, HALF=(128 - tail) // 2,
+                      HALF_PAD=(128 - tail) // 2, TAIL=tail, TAIL_PAD=max(tail, 1), QH_PAD=32,
+                      KH_PAD=8, BLOCK_SIZE=16))
