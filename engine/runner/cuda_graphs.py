@@ -19,6 +19,7 @@ import torch
 
 from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
 from engine.runner.inputs import ForwardItem
+from engine.runner.transfer import host_buffer, host_tensor, to_device
 
 log = logging.getLogger("specserve.runner")
 
@@ -86,7 +87,7 @@ class GraphedForward:
         q, bs = self.q, self.block_size
         pos, slots, seq_lens = [], [], []
         width = self.block_tables.shape[1]
-        tables = torch.zeros((b, width), dtype=torch.int32)
+        tables = host_buffer((b, width), torch.int32, self.input_ids.device)
         for r, it in enumerate(items):
             # a run shorter than q (a verification with fewer drafts) is padded at its end: the
             # pad positions write no KV (slot -1) and, being later, are never attended to
@@ -101,20 +102,21 @@ class GraphedForward:
         slots += [-1] * (pad * q)
         seq_lens += [q] * pad
         n = b * q
-        self.positions[:n].copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
-        self.slots[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
-        self.seq_lens[:b].copy_(torch.tensor(seq_lens, dtype=torch.int32), non_blocking=True)
+        dev = self.input_ids.device
+        self.positions[:n].copy_(host_tensor(pos, torch.int64, dev), non_blocking=True)
+        self.slots[:n].copy_(host_tensor(slots, torch.int64, dev), non_blocking=True)
+        self.seq_lens[:b].copy_(host_tensor(seq_lens, torch.int32, dev), non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)
         if input_ids is not None:  # device-resident tokens: only for runs of exactly q
             assert all(len(it.token_ids) == q for it in items)
             self.input_ids[:nreq * q].copy_(input_ids)
         else:
             ids = [t for it in items for t in it.token_ids + [0] * (q - len(it.token_ids))]
-            self.input_ids[:nreq * q].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
+            self.input_ids[:nreq * q].copy_(host_tensor(ids, torch.int64, dev), non_blocking=True)
         self.graphs[b].replay()
         out = self.outputs[b]
         if all(it.num_logits == q for it in items):
             return out[:nreq * q]
         rows = [r * q + len(it.token_ids) - it.num_logits + j
                 for r, it in enumerate(items) for j in range(it.num_logits)]
-        return out.index_select(0, torch.tensor(rows, dtype=torch.int64).to(out.device, non_blocking=True))
+        return out.index_select(0, to_device(rows, torch.int64, out.device))

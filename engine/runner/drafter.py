@@ -20,6 +20,7 @@ from engine.request import Request
 from engine.runner.inputs import ForwardItem
 from engine.runner.logits import RowContext, apply_processors, needs_processing
 from engine.runner.sampling_inputs import SamplingTensors
+from engine.runner.transfer import to_device
 from kernels import ops
 
 # forward(items, input_ids=None) -> logits [sum(num_logits), V_target] of the draft model
@@ -91,15 +92,17 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
                                  p.request.block_ids, 1) for p in active]
             ids = None
             if not host_each_pass:
-                ids = prev if rows == prev_rows else prev[torch.tensor(
-                    [prev_rows.index(i) for i in rows], device=device)]
+                ids = prev if rows == prev_rows else prev[to_device(
+                    [prev_rows.index(i) for i in rows], torch.int64, device)]
             logits = forward(items, ids)
         tokens, probs = _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
         if host_each_pass:
             for p, tok in zip(active, tokens.tolist()):
                 p.drafts.append(tok)
+        elif len(rows) == len(proposals):
+            table[:, j] = tokens
         else:
-            table[rows, j] = tokens
+            table[to_device(rows, torch.int64, device), j] = tokens
         if store_probs:
             for i, p in enumerate(active):
                 p.probs.append(probs[i])

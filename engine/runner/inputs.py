@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.models.llama import AttentionMetadata
+from engine.runner.transfer import to_device
 
 
 @dataclass
@@ -54,7 +55,7 @@ def build_inputs(items: list[ForwardItem], block_size: int, device: torch.device
         tables.append(blocks + [0] * (max_blocks - len(blocks)))
 
     def t(x, dtype):
-        return torch.tensor(x, dtype=dtype).to(device, non_blocking=True)
+        return to_device(x, dtype, device)
 
     meta = AttentionMetadata(
         slot_mapping=t(slots, torch.int64),

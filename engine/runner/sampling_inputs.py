@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import Request
+from engine.runner.transfer import to_device
 
 
 @dataclass
@@ -22,7 +23,7 @@ class SamplingTensors:
     def build(reqs: list[Request], positions: list[int], device: torch.device,
               force_greedy: bool = False) -> "SamplingTensors":
         def t(vals, dtype):
-            return torch.tensor(vals, dtype=dtype).to(device, non_blocking=True)
+            return to_device(vals, dtype, device)
 
         temps = [0.0 if force_greedy else r.params.temperature for r in reqs]
         return SamplingTensors(

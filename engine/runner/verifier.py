@@ -12,6 +12,7 @@ import torch
 from engine.batch import RequestResult, ScheduledRequest
 from engine.runner.logits import RowContext, apply_processors, logprobs_for
 from engine.runner.sampling_inputs import SamplingTensors
+from engine.runner.transfer import to_device
 from kernels import ops
 
 
@@ -32,9 +33,9 @@ def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
     apply_processors(logits, rows)
 
     ks = [s.num_drafts for s in sampling]
-    cu = torch.tensor(list(itertools.accumulate(ks, initial=0)), dtype=torch.int32).to(device)
-    draft_ids = torch.tensor([t for s in sampling for t in s.request.draft_token_ids[:s.num_drafts]],
-                             dtype=torch.int64).to(device)
+    cu = to_device(list(itertools.accumulate(ks, initial=0)), torch.int32, device)
+    draft_ids = to_device([t for s in sampling for t in s.request.draft_token_ids[:s.num_drafts]],
+                          torch.int64, device)
     draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
     st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
     out = ops.rejection_sample(logits, cu, draft_ids, draft_probs, st.temperature, st.top_k,

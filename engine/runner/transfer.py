@@ -1,0 +1,33 @@
+"""Host -> device copies that never make the host wait for the GPU.
+
+A copy from ordinary (pageable) host memory is staged by the driver and, in practice, waits for
+the work already queued on the stream: every small ``torch.tensor(...).to("cuda")`` after a
+forward launch would stall the host until that forward finishes. Staging the values in pinned
+memory makes the copy truly asynchronous, so a step's inputs for the sampler and for every
+draft pass are queued while the GPU is still busy. PyTorch's caching host allocator keeps a
+pinned block alive until the copy that reads it has completed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def host_tensor(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a host tensor to copy to ``device`` with ``non_blocking=True`` (pinned
+    when ``device`` is CUDA)."""
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed host tensor to fill and then copy to ``device`` (pinned when that is CUDA)."""
+    return torch.zeros(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, dtype)`` on ``device``, copied asynchronously on CUDA."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return host_tensor(values, dtype, device).to(device, non_blocking=True)
