@@ -20,6 +20,7 @@ one SM (a split-vocabulary bisection would need one launch per pass).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,6 +45,12 @@ class Plan:
     num_warps: int
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (asked once: the query costs ~250 us)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = None,
          chunk: Optional[int] = None) -> Plan:
     """Pick tile and chunk sizes: enough (row, chunk) programs to fill the device."""
@@ -51,7 +58,8 @@ def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = Non
         block = 1024 if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
     if chunk is None:
         if device.type == "cuda":
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            index = torch.cuda.current_device() if device.index is None else device.index
+            sms = _sm_count(index)
             want = max(1, min(triton.cdiv(4 * sms, max(rows, 1)), triton.cdiv(vocab, block)))
         else:
             want = 1
