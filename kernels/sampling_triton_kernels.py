@@ -122,18 +122,30 @@ def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, LOG_B: tl.constexpr):
 
 
 @triton.jit
+def _lane_softmax(m, s, x):
+    """One online-softmax step per lane: m is each lane's running max of x, s its sum of
+    exp(x - m). One exp per element: the smaller of (m, x) is shifted by the larger."""
+    hi = tl.maximum(m, x)
+    d = tl.exp(tl.minimum(m, x) - tl.where(hi == NEG_INF, 0.0, hi))   # 0 where both are -inf
+    return hi, tl.where(x > m, s * d + 1.0, s + d)
+
+
+@triton.jit
+def _reduce_softmax(m, s):
+    """(max, sum of exp(x - max)) from per-lane online-softmax state; -inf lanes add 0."""
+    mx = tl.max(m, 0)
+    return mx, tl.sum(s * tl.exp(m - tl.where(mx == NEG_INF, 0.0, mx)), 0)
+
+
+@triton.jit
 def _row_max_sum(row_ptr, V: tl.constexpr, T, BLOCK: tl.constexpr):
-    """Whole-row max of x and sum of exp(x - max), online over tiles."""
-    m = tl.full([], NEG_INF, tl.float32)
-    s = tl.full([], 0.0, tl.float32)
+    """Whole-row max of x and sum of exp(x - max), online per lane, one reduction at the end."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = _load_x(row_ptr, offs, offs < V, T)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
-        m = m_new
-    return m, s
+        m, s = _lane_softmax(m, s, _load_x(row_ptr, offs, offs < V, T))
+    return _reduce_softmax(m, s)
 
 
 @triton.jit
@@ -229,26 +241,30 @@ def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, p
 
 
 @triton.jit
-def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race, BLOCK: tl.constexpr):
-    """Unfiltered chunk: softmax partials, greedy partial argmax, optional race partial."""
-    m = tl.full([], NEG_INF, tl.float32)
-    s = tl.full([], 0.0, tl.float32)
+def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race,
+                BLOCK: tl.constexpr):
+    """Unfiltered chunk [lo, hi): softmax partials, greedy partial argmax, optional race partial.
+
+    Everything is per lane (online softmax, best score and index); the cross-lane reductions
+    run once, after the last tile."""
+    m = tl.full([BLOCK], NEG_INF, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
     g_best = tl.full([BLOCK], NEG_INF, tl.float32)
     g_idx = lo + tl.arange(0, BLOCK)
     r_best = tl.full([BLOCK], NEG_INF, tl.float32)
     r_idx = lo + tl.arange(0, BLOCK)
     for t in range(0, TILES):
-        offs = lo + t * BLOCK + tl.arange(0, BLOCK)
-        msk = offs < hi
-        z = tl.load(row_ptr + offs, mask=msk, other=NEG_INF).to(tl.float32)
-        g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
-        x = tl.math.div_rn(z, T)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
-        m = m_new
-        if need_race:
-            r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, offs), offs, r_best, r_idx)
+        start = lo + t * BLOCK
+        if start < hi:                                # the last chunk of a row is shorter
+            offs = start + tl.arange(0, BLOCK)
+            z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+            g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
+            x = tl.math.div_rn(z, T)
+            m, s = _lane_softmax(m, s, x)
+            if need_race:
+                r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, offs), offs,
+                                           r_best, r_idx)
+    m, s = _reduce_softmax(m, s)
     g_v, g_i = _reduce_best(g_best, g_idx)
     r_v, r_i = _reduce_best(r_best, r_idx)
     return m, s, g_v, g_i, r_v, r_i
@@ -447,9 +463,10 @@ def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
         for t in range(0, CHUNK // BLOCK):
-            offs = lo + t * BLOCK + tl.arange(0, BLOCK)
-            msk = offs < hi
-            _x, e = _scaled(row_ptr, offs, msk, Ts, mx)
-            p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
-            q = tl.where(greedy, tl.where(offs == tok, 1.0, 0.0), p)
-            tl.store(q_row + offs, q, mask=msk)
+            if lo + t * BLOCK < hi:
+                offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+                msk = offs < hi
+                _x, e = _scaled(row_ptr, offs, msk, Ts, mx)
+                p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+                q = tl.where(greedy, tl.where(offs == tok, 1.0, 0.0), p)
+                tl.store(q_row + offs, q, mask=msk)
