@@ -14,9 +14,11 @@ in the open interval (0, 1):
 
   Both multipliers are odd, so for a fixed seed the map ``c -> (k0, k1)`` is a bijection:
   two draws of one request never share a key while ``position < 2**30``.
-* Generator: Philox4x32-10 exactly as Triton's ``tl.randint(key, index)`` runs it, with the
-  64-bit key ``(k1 << 32) | k0`` and the int32 vocabulary index as the counter
-  ``(index, 0, 0, 0)``; the first output word ``r`` is used.
+* Generator: Philox4x32-10 exactly as Triton's ``tl.randint4x(key, counter)`` runs it, with the
+  64-bit key ``(k1 << 32) | k0``. Index ``i`` uses output word ``i % 4`` of the counter
+  ``(i // 4, 0, 0, 0)`` (int32 ``i // 4``): one Philox call yields four consecutive indices, so
+  a vocabulary of V entries costs V / 4 calls. Index 0 (the accept draw) is word 0 of counter 0,
+  which is also what ``tl.randint(key, 0)`` returns.
 * Uniform: ``u = ((r >> 9) + 0.5) * 2**-23`` (all exact in fp32), so ``2**-24 <= u <= 1 - 2**-24``:
   strictly inside (0, 1), which keeps ``-log(u)`` finite and positive. (``tl.rand`` itself maps
   to [0, 1) and can return 0, so we do not use its float conversion.)
@@ -89,11 +91,20 @@ def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.T
     return c0, c1, c2, c3
 
 
-def philox_first_word(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
-    """The first Philox4x32-10 word for counters ``(counter, 0, 0, 0)``: ``tl.randint(key, counter)``."""
+def philox_words(counter: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """The four Philox4x32-10 words for counters ``(counter, 0, 0, 0)``: ``tl.randint4x(key,
+    counter)``, stacked on a new last dimension ([..., 4] int64)."""
     c0 = counter.to(torch.int64) & MASK32
     zero = torch.zeros((), dtype=torch.int64, device=c0.device)
-    return philox4x32(c0, zero, zero, zero, k0, k1)[0]
+    return torch.stack(philox4x32(c0, zero, zero, zero, k0, k1), dim=-1)
+
+
+def index_bits(index: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
+    """The 32 random bits of each vocabulary ``index``: word ``index % 4`` of counter
+    ``index // 4``. index broadcasts against k0, k1."""
+    idx = index.to(torch.int64)
+    words = philox_words(idx >> 2, k0, k1)                          # [..., 4]
+    return torch.gather(words, -1, (idx & 3).expand(words.shape[:-1]).unsqueeze(-1)).squeeze(-1)
 
 
 def bits_to_uniform(r: torch.Tensor) -> torch.Tensor:
@@ -112,8 +123,18 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Te
     idx = index.to(torch.int64)
     if idx.dim() == 1:
         idx = idx.unsqueeze(0)                                     # [1, M]
-    r = philox_first_word(idx, k0.unsqueeze(1), k1.unsqueeze(1))  # [N, M]
+    r = index_bits(idx, k0.unsqueeze(1), k1.unsqueeze(1))         # [N, M]
     return bits_to_uniform(r)
+
+
+def uniform_prefix(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Tensor,
+                   v: int) -> torch.Tensor:
+    """``uniform(seeds, positions, stream, arange(v))`` ([N, v] fp32) at a quarter of the Philox
+    work: each counter's four words are the four consecutive indices it serves."""
+    k0, k1 = mix_key(seeds, positions, stream)                   # [N]
+    counters = torch.arange((v + 3) // 4, device=k0.device)       # [ceil(v / 4)]
+    words = philox_words(counters.unsqueeze(0), k0.unsqueeze(1), k1.unsqueeze(1))  # [N, v4, 4]
+    return bits_to_uniform(words.flatten(1)[:, :v])
 
 
 def neg_log_exponential(u: torch.Tensor) -> torch.Tensor:

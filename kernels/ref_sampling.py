@@ -17,7 +17,10 @@ Semantics (shared with :mod:`kernels.triton_sampling`):
 * Sampling is the exponential race in log space: ``argmax_i (log r_i - log E_i)``,
   ``E_i = -log U(seed, position, stream, i)`` (see :mod:`kernels.philox`). For a filtered
   softmax the log-weights are ``x_i`` on kept tokens (``-inf`` elsewhere), which races exactly
-  like ``probs`` itself but needs no normaliser.
+  like ``probs`` itself but needs no normaliser. The recovery race after a rejection works on
+  the residual ``r = max(p - q, 0)`` in linear space instead, ``argmax_i r_i / E_i`` (the same
+  race, one log per entry instead of three), with the race over ``p`` for an all-zero residual
+  folded in as negative scores (see :func:`recover_scores`).
 
 No function here synchronises with the device, except that the width of the output of
 :func:`rejection_sample` needs the largest per-request draft count: it is read from
@@ -31,7 +34,15 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from kernels.philox import ACCEPT, DRAFT, RECOVER, SAMPLE, neg_log_exponential, uniform
+from kernels.philox import (
+    ACCEPT,
+    DRAFT,
+    RECOVER,
+    SAMPLE,
+    neg_log_exponential,
+    uniform,
+    uniform_prefix,
+)
 
 _RACE_CHUNK_ELEMS = 1 << 20  # rows are raced in blocks of at most this many random numbers
 
@@ -104,6 +115,22 @@ def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
     return out.scatter_(1, idx.unsqueeze(1), 1.0)
 
 
+def _race_scores(score, n: int, v: int, seeds: torch.Tensor, positions: torch.Tensor,
+                 stream: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """argmax_i score(rows, u)[i] per row, with ``u = U(seed, pos, stream, i)`` drawn for blocks
+    of rows (``score(s, u)`` gets the row slice ``s`` and u [rows, V]). Returns [N] int64."""
+    rows = max(1, _RACE_CHUNK_ELEMS // max(v, 1))
+    out = []
+    for s in range(0, n, rows):
+        sl = slice(s, s + rows)
+        st = stream[sl] if isinstance(stream, torch.Tensor) else stream
+        u = uniform_prefix(seeds[sl], positions[sl], st, v)                  # [rows, V]
+        out.append(torch.argmax(score(sl, u), dim=1))
+    if not out:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    return torch.cat(out)
+
+
 def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
          stream: int | torch.Tensor) -> torch.Tensor:
     """Exponential race: ``argmax_i (log_weights_i - log(-log U(seed, pos, stream, i)))``.
@@ -112,16 +139,23 @@ def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
     Returns [N] int64.
     """
     n, v = log_weights.shape
-    idx = torch.arange(v, device=log_weights.device)
-    rows = max(1, _RACE_CHUNK_ELEMS // max(v, 1))
-    out = []
-    for s in range(0, n, rows):
-        st = stream[s:s + rows] if isinstance(stream, torch.Tensor) else stream
-        u = uniform(seeds[s:s + rows], positions[s:s + rows], st, idx)       # [rows, V]
-        out.append(torch.argmax(log_weights[s:s + rows] - neg_log_exponential(u), dim=1))
-    if not out:
-        return torch.zeros(0, dtype=torch.int64, device=log_weights.device)
-    return torch.cat(out)
+    return _race_scores(lambda sl, u: log_weights[sl] - neg_log_exponential(u), n, v, seeds,
+                        positions, stream, log_weights.device)
+
+
+def recover_scores(p: torch.Tensor, res: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Race scores of the recovery race, in linear space (one log per entry): with
+    ``E = -log u``, ``res / E`` where the residual is positive and ``-(E / p)`` elsewhere
+    (``-inf`` where p == 0).
+
+    The argmax is the race over the residual when it has any positive entry (positive scores
+    beat the rest), else the race over p: the fallback for an all-zero residual folded into
+    the same race. One IEEE division per entry, as in the Triton twin.
+    """
+    e = -torch.log(u)
+    pos = res > 0
+    ratio = torch.where(pos, res, e) / torch.where(pos, e, p)
+    return torch.where(pos, ratio, -ratio)
 
 
 def _masked_x(d: RowDist) -> torch.Tensor:
@@ -220,8 +254,9 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     * greedy request (T == 0): accept while x_j == argmax(p_j); emit the argmax of the first
       mismatching row (or of the bonus row).
     * ``probabilistic``: accept iff ``U(ACCEPT, 0) * q_j(x_j) < p_j(x_j)``; at the first rejection
-      race over ``max(p_j - q_j, 0)`` with stream RECOVER (over p_j if that is all zero); if all
-      are accepted race over the bonus row's p with stream SAMPLE.
+      race over ``max(p_j - q_j, 0)`` with stream RECOVER (over p_j if that is all zero; see
+      :func:`recover_scores`); if all are accepted race over the bonus row's p with stream
+      SAMPLE.
     * ``strict``: ``t_j`` = race over p_j with stream SAMPLE; accept iff ``t_j == x_j``, else emit
       ``t_j``; bonus as above. With k_b == 0 every method is plain sampling (stream SAMPLE).
 
@@ -281,13 +316,16 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
         p = d.probs[sel]                                                         # [B, V]
         q_rows = _one_hot(x[sel], p.shape[1]) if q is None else q[lay.draft_idx[sel]]
         res = _residual(p, q_rows)                                               # [B, V]
-        empty = (res > 0).sum(dim=1, keepdim=True) == 0
-        recover_w = torch.log(torch.where(empty, p, res))
         bonus = (n_acc == lay.k).unsqueeze(1)                                    # [B, 1]
+        bonus_x = _masked_x(d)[sel]                                              # [B, V]
         # one race per request: the bonus row's p (SAMPLE) or the residual (RECOVER)
-        weights = torch.where(bonus, _masked_x(d)[sel], recover_w)
         stream = torch.where(bonus.squeeze(1), SAMPLE, RECOVER)
-        tok = race(weights, seeds, pos, stream)
+
+        def score(sl, u):
+            return torch.where(bonus[sl], bonus_x[sl] - neg_log_exponential(u),
+                               recover_scores(p[sl], res[sl], u))
+
+        tok = _race_scores(score, p.shape[0], p.shape[1], seeds, pos, stream, p.device)
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 

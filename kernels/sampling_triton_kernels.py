@@ -5,20 +5,30 @@ the GPU; each program reads its slice of logits once, in their own dtype, into f
 
 * ``row_pass_kernel`` (grid [rows, chunks]): per chunk, the softmax partials (max ``m`` of
   ``x = z / T`` and ``s = sum exp(x - m)``), the greedy partial argmax of ``z`` and, where the
-  row needs a sample, the partial exponential race ``argmax (x_i - log E_i)``. Rows with
-  top-k / top-p / min-p are done whole by their chunk-0 program: one max/sum pass, then
-  multi-way threshold bisection passes (NT candidate thresholds per pass, no sort), then the
-  race pass; it writes the kept mass as ``s`` and the threshold to ``row_thr``. Races run here
-  only where every row needs one (strict verification, draft sampling).
+  row needs a sample, the partial exponential race ``argmax (x_i - log E_i)``. All three are
+  kept per lane (an online softmax per lane: one exp per element) and reduced across lanes
+  once per chunk. Rows with top-k / top-p / min-p are done whole by their chunk-0 program: one
+  max/sum pass, then multi-way threshold bisection passes (NT candidate thresholds per pass,
+  no sort), then the race pass; it writes the kept mass as ``s`` and the threshold to
+  ``row_thr``. Races run here only where every row needs one (strict verification, draft
+  sampling).
 * ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept test
   row by row (scalar work), then runs the request's one race over its chunk: the rejected
   row's residual ``max(p - q, 0)`` (only that row's logits and draft-prob row are read) or the
   bonus row's p. So probabilistic verification draws random numbers for one row per request.
+  The residual race runs in linear space, ``argmax r_i / E_i``, with the race over p for an
+  all-zero residual folded in as negative scores ``-(E_i / p_i)`` (kernels.ref_sampling
+  ``recover_scores``): per entry one log, one exp and two IEEE divisions (the bonus race: two
+  logs and one exp), where it used to be four logs and two races.
 * ``finalize_kernel`` (grid [requests]): greedy / strict acceptance, picks the recovered or
   bonus token and writes the padded output row.
 * ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
 
-Random numbers: see kernels.philox (the same Philox4x32-10 as ``tl.randint``, same key mix).
+Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races
+draw a tile of BLOCK indices with BLOCK / 4 Philox calls (``_uniform_tile``: index 4c + w is
+word w of counter c; the words are interleaved with tl.join / tl.reshape, which costs a few
+layout conversions through shared memory per tile); the accept draw is index 0, word 0 of
+counter 0.
 """
 
 from __future__ import annotations
@@ -32,20 +42,45 @@ ONE_BITS_PLUS_1 = tl.constexpr(0x3F800001)  # one past the bits of 1.0, the larg
 
 
 @triton.jit
-def _uniform(seed, pos, stream, offs):
-    """U(seed, pos, stream, offs) in (0, 1): key mix + tl.randint + exact 23-bit float map."""
+def _key(seed, pos, stream):
+    """The 64-bit Philox key of (seed, pos, stream): the key mix of kernels.philox."""
     c = (pos * 4 + stream).to(tl.uint32)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32) ^ (c * 0x9E3779B1)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ (c * 0x85EBCA77)
-    key = (k1.to(tl.uint64) << 32) | k0.to(tl.uint64)
-    r = tl.randint(key, offs)
+    return (k1.to(tl.uint64) << 32) | k0.to(tl.uint64)
+
+
+@triton.jit
+def _bits_to_uniform(r):
+    """uint32 -> fp32 in [2**-24, 1 - 2**-24], exactly."""
     return ((r >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
 
 
 @triton.jit
-def _log_e(seed, pos, stream, offs):
-    """log(E) with E = -log U: the race subtracts it from log-weights."""
-    return tl.log(-tl.log(_uniform(seed, pos, stream, offs)))
+def _uniform(seed, pos, stream, offs):
+    """U(seed, pos, stream, offs) in (0, 1) for any indices: word offs % 4 of counter offs // 4
+    (one Philox call per element; the races use _uniform_tile)."""
+    r0, r1, r2, r3 = tl.randint4x(_key(seed, pos, stream), offs // 4)
+    w = offs % 4
+    r = tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
+    return _bits_to_uniform(r)
+
+
+@triton.jit
+def _uniform_tile(seed, pos, stream, start, BLOCK: tl.constexpr):
+    """U for the indices start .. start + BLOCK (start a multiple of 4): BLOCK // 4 Philox calls,
+    each giving the four consecutive indices 4c .. 4c + 3 (words interleaved in order)."""
+    r0, r1, r2, r3 = tl.randint4x(_key(seed, pos, stream), start // 4 + tl.arange(0, BLOCK // 4))
+    # join(join(r0, r2), join(r1, r3))[c, i, j] is word 2 i + j of counter c
+    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
+    return _bits_to_uniform(r)
+
+
+@triton.jit
+def _log_e(seed, pos, stream, start, BLOCK: tl.constexpr):
+    """log(E) with E = -log U over the tile start .. start + BLOCK: the race subtracts it from
+    log-weights."""
+    return tl.log(-tl.log(_uniform_tile(seed, pos, stream, start, BLOCK)))
 
 
 @triton.jit
@@ -235,7 +270,7 @@ def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, p
         x, e = _scaled(row_ptr, offs, offs < hi, T, mx)
         keep = e >= thr
         if tl.max(keep.to(tl.int32), 0) > 0:           # no random numbers for filtered tiles
-            sc = tl.where(keep, x - _log_e(seed, pos, stream, offs), NEG_INF)
+            sc = tl.where(keep, x - _log_e(seed, pos, stream, start, BLOCK), NEG_INF)
             best, idx = _lane_best(sc, offs, best, idx)
     return _reduce_best(best, idx)
 
@@ -262,7 +297,7 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
             x = tl.math.div_rn(z, T)
             m, s = _lane_softmax(m, s, x)
             if need_race:
-                r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, offs), offs,
+                r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, start, BLOCK), offs,
                                            r_best, r_idx)
     m, s = _reduce_softmax(m, s)
     g_v, g_i = _reduce_best(g_best, g_idx)
@@ -339,7 +374,7 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
             qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)
         else:
             qx = 1.0
-        u = _uniform(seed, pos0 + n, 2, tl.full([], 0, tl.int32))
+        u = _uniform(seed, pos0 + n, 2, tl.full([], 0, tl.int32))      # index 0: word 0
         ok = (u * qx < px) & (qx > 0.0)      # q(x) == 0 is a caller bug: reject
         n = n + ok.to(tl.int32)
         go = ok & (n < k_b)
@@ -347,13 +382,37 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
 
 
 @triton.jit
+def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, stream, rejected,
+               HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """Race scores of one tile of the final race (kernels.ref_sampling: the bonus row's x-space
+    race or recover_scores), -inf off the support; one log per entry when rejected, two else."""
+    x, e = _scaled(row_ptr, offs, msk, T, mx)
+    keep = e >= thr
+    E = -tl.log(_uniform_tile(seed, pos, stream, start, BLOCK))
+    if rejected:
+        p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
+        if HAS_Q:
+            qv = tl.load(q_row + offs, mask=msk, other=0.0)
+        else:
+            qv = tl.where(offs == xj, 1.0, 0.0)
+        res = tl.maximum(p - qv, 0.0)
+        pos_res = res > 0.0
+        ratio = tl.math.div_rn(tl.where(pos_res, res, E), tl.where(pos_res, E, p))
+        sc = tl.where(pos_res, ratio, -ratio)
+    else:
+        sc = tl.where(keep, x - tl.log(E), NEG_INF)
+    return sc
+
+
+@triton.jit
 def final_race_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
-                      rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr,
+                      rec_v, rec_i, n_acc_ptr,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts, then
-    race once over this chunk: the rejected row's residual max(p - q, 0) (stream RECOVER, with
-    p itself as the fallback race) or, if all were accepted, the bonus row's p (SAMPLE)."""
+    race once over this chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the
+    race over p for an all-zero residual is folded into the same scores) or, if all were
+    accepted, the bonus row's p (SAMPLE)."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temp_ptr + b)
@@ -377,37 +436,28 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, 
         row_ptr = logits_ptr + row.to(tl.int64) * stride
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
-        b1 = tl.full([BLOCK], NEG_INF, tl.float32)
-        i1 = lo + tl.arange(0, BLOCK)
-        b2 = tl.full([BLOCK], NEG_INF, tl.float32)
-        i2 = lo + tl.arange(0, BLOCK)
+        best = tl.full([BLOCK], NEG_INF, tl.float32)
+        idx = lo + tl.arange(0, BLOCK)
         for t in range(0, CHUNK // BLOCK):
-            offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+            start = lo + t * BLOCK
+            offs = start + tl.arange(0, BLOCK)
             msk = offs < hi
-            x, e = _scaled(row_ptr, offs, msk, T, mx)
-            keep = e >= thr
-            if tl.max((keep & msk).to(tl.int32), 0) > 0:  # no random numbers for filtered tiles
-                p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
-                if HAS_Q:
-                    qv = tl.load(q_row + offs, mask=msk & rejected, other=0.0)
-                else:
-                    qv = tl.where(offs == xj, 1.0, 0.0)
-                le = _log_e(seed, pos0 + n, stream, offs)
-                res = tl.log(tl.maximum(p - qv, 0.0)) - le
-                b1, i1 = _lane_best(tl.where(rejected, res, tl.where(keep, x - le, NEG_INF)),
-                                    offs, b1, i1)
-                b2, i2 = _lane_best(tl.log(p) - le, offs, b2, i2)
-        v1, j1 = _reduce_best(b1, i1)
-        v2, j2 = _reduce_best(b2, i2)
-        tl.store(rec_v1 + b * CR + c, v1)
-        tl.store(rec_i1 + b * CR + c, j1)
-        tl.store(rec_v2 + b * CR + c, v2)
-        tl.store(rec_i2 + b * CR + c, j2)
+            run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
+            if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
+                _x, e = _scaled(row_ptr, offs, msk, T, mx)
+                run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
+            if run:
+                sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed,
+                                pos0 + n, stream, rejected, HAS_Q, BLOCK)
+                best, idx = _lane_best(sc, offs, best, idx)
+        v, j = _reduce_best(best, idx)
+        tl.store(rec_v + b * CR + c, v)
+        tl.store(rec_i + b * CR + c, j)
 
 
 @triton.jit
 def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, part_gi,
-                    rec_v1, rec_i1, rec_v2, rec_i2, n_acc_ptr, out_ptr, W, C, CR,
+                    rec_v, rec_i, n_acc_ptr, out_ptr, W, C, CR,
                     STRICT: tl.constexpr, CP: tl.constexpr, CRP: tl.constexpr,
                     WP: tl.constexpr):
     b = tl.program_id(0)
@@ -432,9 +482,7 @@ def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, par
         tok = tl.where(greedy, tg, tr)
     else:
         n = tl.load(n_acc_ptr + b)
-        j1, v1 = _combine_argmax(rec_v1, rec_i1, b * CR, CR, CRP)      # residual or bonus race
-        j2, _v2 = _combine_argmax(rec_v2, rec_i2, b * CR, CR, CRP)     # fallback: race over p
-        tok = tl.where(v1 == NEG_INF, j2, j1)
+        tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)      # residual or bonus race
     cols = tl.arange(0, WP)
     dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
     val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))

@@ -5,17 +5,21 @@ The semantics (distribution, random numbers, acceptance rules) are documented in
 :mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
 ``rejection_sample`` 3 (probabilistic) or 2 (strict).
 Random numbers: strict verification and draft sampling race every row; probabilistic verification
-races one row per request (the rejected row's residual, or the bonus row). No host synchronisation: the output width
-of ``rejection_sample`` comes from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens``
-(see :func:`kernels.ref_sampling.rejection_sample`).
+races one row per request (the rejected row's residual, or the bonus row). Each Philox4x32-10
+call gives four consecutive vocabulary entries (see kernels.philox), so a V-wide race costs
+V / 4 Philox calls. No host synchronisation: the output width of ``rejection_sample`` comes
+from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see
+:func:`kernels.ref_sampling.rejection_sample`).
 
 Bytes read per verification step (V-wide rows, logits in their own dtype):
 every target row once (all chunks of a row together read it once), plus, for probabilistic
-verification, the rejected row's logits again (usually from L2) and its draft-prob row (fp32);
-draft-prob rows of accepted tokens are read at one element each. Top-k / top-p rows add one
-read per bisection pass (about 8 per filter with NT = 16; passes after the first two mostly just
-stream), done by one program per row: at small batch sizes a filtered row is latency-bound on
-one SM (a split-vocabulary bisection would need one launch per pass).
+verification, the raced row's logits again (the rejected or the bonus row; usually from L2)
+and the rejected row's draft-prob row (fp32); draft-prob rows of accepted tokens are read at one
+element each. In the final race a top-k / top-p / min-p row reads its tiles that hold kept
+entries twice (a test, then the race). Top-k / top-p rows add one read per bisection pass
+(about 8 per filter with NT = 16; passes after the first two mostly just stream), done by one
+program per row: at small batch sizes a filtered row is latency-bound on one SM (a
+split-vocabulary bisection would need one launch per pass).
 """
 
 from __future__ import annotations
@@ -161,8 +165,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict)
     pr = plan(vocab, num_reqs, dev, block, chunk)          # the one race per request
     n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
-    rec = [torch.empty(num_reqs * pr.num_chunks, device=dev,
-                       dtype=torch.float32 if i % 2 == 0 else torch.int32) for i in range(4)]
+    rec = (torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.float32),
+           torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.int32))
     cp, crp = triton.next_power_of_2(pl.num_chunks), triton.next_power_of_2(pr.num_chunks)
     if not strict:
         has_q = draft_probs is not None and draft_probs.numel() > 0

@@ -72,6 +72,28 @@ def test_uniform_bit_identical_on_gpu() -> None:
         assert torch.equal(out[:, stream], P.uniform(seeds, pos, stream, torch.arange(v, device=DEV)))
 
 
+@triton.jit
+def _uniform_tile_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    stream = tl.program_id(1)
+    seed, pos = tl.load(seed_ptr + row), tl.load(pos_ptr + row)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        u = K._uniform_tile(seed, pos, stream, start, BLOCK)
+        tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
+
+
+def test_uniform_tile_bit_identical_on_gpu() -> None:
+    """The races' generator (four indices per Philox call, interleaved) with the kernels' tile."""
+    seeds = torch.tensor([0, -1, 2**63 - 1, -(2**63), 12345], device=DEV)
+    pos = torch.tensor([0, 7, 2**33, 5, 99], device=DEV)
+    v = 5000
+    out = torch.empty(5, 4, v, device=DEV)
+    _uniform_tile_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK=1024)
+    for stream in range(4):
+        assert torch.equal(out[:, stream], P.uniform_prefix(seeds, pos, stream, v))
+
+
 @pytest.mark.parametrize("b", [1, 64, 256])
 def test_sample_draft_bf16_full_vocab(b: int) -> None:
     gen = torch.Generator(device=DEV).manual_seed(b)

@@ -53,7 +53,7 @@ def test_final_race_kernel_compiles(has_q: bool) -> None:
 
     sig = dict(logits_ptr="*fp16", stride="i32", C="i32", CR="i32", cu_ptr=PI32, drafts_ptr=PI64,
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
-               row_thr=P32, rec_v1=P32, rec_i1=PI32, rec_v2=P32, rec_i2=PI32, n_acc_ptr=PI32)
+               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32)
     _compile(K.final_race_kernel, sig, dict(V=V, CHUNK=8192, HAS_Q=has_q, CP=32, BLOCK=1024))
 
 
@@ -61,7 +61,7 @@ def test_finalize_and_draft_kernels_compile() -> None:
     from kernels import sampling_triton_kernels as K
 
     sig = dict(cu_ptr=PI32, drafts_ptr=PI64, temp_ptr=P32, part_rv=P32, part_ri=PI32,
-               part_gv=P32, part_gi=PI32, rec_v1=P32, rec_i1=PI32, rec_v2=P32, rec_i2=PI32,
+               part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32,
                n_acc_ptr=PI32, out_ptr=PI64, W="i32", C="i32", CR="i32")
     for strict in (False, True):
         _compile(K.finalize_kernel, sig, dict(STRICT=strict, CP=32, CRP=4, WP=16), num_warps=1)

@@ -37,6 +37,28 @@ def test_philox_known_answers() -> None:
     assert [int(w) for w in P.philox4x32(*pi)] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
+def test_index_uses_word_index_mod_4_of_counter_index_div_4() -> None:
+    """U's bits at index i: word i % 4 of Philox counter (i // 4, 0, 0, 0) (known answers at
+    counter 0 with key 0), and the prefix form used by the races equals the indexed form."""
+    z = torch.zeros(1, 1, dtype=torch.int64)
+    assert P.index_bits(torch.arange(4).unsqueeze(0), z, z).tolist() == [
+        [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]]
+    k0, k1 = torch.tensor([[0x243F6A88]]), torch.tensor([[0x85A308D3]])
+    zero = torch.tensor(0)
+    words = torch.stack(P.philox4x32(torch.arange(5), zero, zero, zero, k0, k1), dim=-1)  # [1, 5, 4]
+    idx = torch.tensor([[0, 1, 2, 3, 4, 7, 9, 14, 19]])
+    assert torch.equal(P.index_bits(idx, k0, k1), words[0, idx[0] // 4, idx[0] % 4].unsqueeze(0))
+    seeds, pos = torch.tensor([3, -9]), torch.tensor([0, 41])
+    for v in (1, 6, 64, 257):
+        assert torch.equal(P.uniform_prefix(seeds, pos, P.RECOVER, v),
+                           P.uniform(seeds, pos, P.RECOVER, torch.arange(v)))
+    # the accept draw (index 0) is word 0 of counter 0, as it was with tl.randint
+    k0, k1 = P.mix_key(seeds, pos, P.ACCEPT)
+    first = P.philox4x32(torch.zeros(2, dtype=torch.int64), zero, zero, zero, k0, k1)[0]
+    assert torch.equal(P.uniform(seeds, pos, P.ACCEPT, torch.zeros(1)).squeeze(1),
+                       P.bits_to_uniform(first))
+
+
 def test_uniform_strictly_inside_unit_interval() -> None:
     ends = P.bits_to_uniform(torch.tensor([0, 0x1FF, 0xFFFFFFFF], dtype=torch.int64))
     assert ends[0] == ends[1] == 2.0 ** -24 and ends[2] == 1.0 - 2.0 ** -24

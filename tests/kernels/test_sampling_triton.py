@@ -74,6 +74,51 @@ else:
             want = P.uniform(seeds, pos, stream, torch.arange(v))
             assert torch.equal(out[:, stream], want), stream
 
+    @triton.jit
+    def _words_kernel(key_ptr, out_ptr, N: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, N)
+        r0, r1, r2, r3 = tl.randint4x(tl.load(key_ptr + row).to(tl.uint64), c)
+        base = out_ptr + row * 4 * N + c
+        tl.store(base, r0.to(tl.int64))
+        tl.store(base + N, r1.to(tl.int64))
+        tl.store(base + 2 * N, r2.to(tl.int64))
+        tl.store(base + 3 * N, r3.to(tl.int64))
+
+    def test_philox_words_equal_triton_randint4x() -> None:
+        """All four words of the torch Philox against Triton's own tl.randint4x."""
+        k0 = [0, 1, 0xFFFFFFFF, 0x12345678, 0x9E3779B9]
+        k1 = [0, 0, 0xFFFFFFFF, 0xDEADBEEF, 7]
+        keys = [(hi << 32 | lo) - (1 << 64 if hi >> 31 else 0) for lo, hi in zip(k0, k1)]
+        n = 64
+        out = torch.empty(len(keys), 4, n, dtype=torch.int64)
+        _words_kernel[(len(keys),)](torch.tensor(keys, dtype=torch.int64), out, N=n)
+        want = P.philox_words(torch.arange(n).unsqueeze(0), torch.tensor(k0).unsqueeze(1),
+                              torch.tensor(k1).unsqueeze(1))                   # [5, n, 4]
+        assert torch.equal(out, want.permute(0, 2, 1))
+
+    @triton.jit
+    def _uniform_tile_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        stream = tl.program_id(1)
+        seed, pos = tl.load(seed_ptr + row), tl.load(pos_ptr + row)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            u = K._uniform_tile(seed, pos, stream, start, BLOCK)
+            tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
+
+    def test_uniform_tile_bit_identical() -> None:
+        """The races' tile generator (one Philox call per 4 indices) is U, in order."""
+        seeds = torch.tensor([0, -1, 2**63 - 1, 2**62 + 12345, 987654321])
+        pos = torch.tensor([0, 7, 2**31 + 3, 2**40, 3])
+        v = 300
+        out = torch.empty(len(seeds), 4, v)
+        _uniform_tile_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK=64)
+        for stream in range(4):
+            want = P.uniform(seeds, pos, stream, torch.arange(v))
+            assert torch.equal(out[:, stream], want), stream
+            assert torch.equal(P.uniform_prefix(seeds, pos, stream, v), want)
+
     @pytest.mark.parametrize("dtype,chunk,store", [
         (torch.float32, CHUNK, True), (torch.float32, None, False),
         (torch.float16, CHUNK, False), (torch.float16, None, True)])
