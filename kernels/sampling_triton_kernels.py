@@ -290,7 +290,7 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
     r_idx = lo + tl.arange(0, BLOCK)
     for t in range(0, TILES):
         start = lo + t * BLOCK
-        if start < hi:                                # the last chunk of a row is shorter
+        if start < hi:                     # TILES bounds the loop; the last chunk is shorter
             offs = start + tl.arange(0, BLOCK)
             z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
             g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
@@ -306,11 +306,14 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
 
 
 @triton.jit
-def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, cu_ptr, B,
+def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
                     stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LOG_B: tl.constexpr,
-                    BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr,
+                    TILES: tl.constexpr):
+    """Grid [rows, C chunks]: chunk c covers [c * chunk, (c + 1) * chunk) of the vocabulary
+    (chunk a multiple of BLOCK, at most TILES tiles: TILES bounds the loop at compile time)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, LOG_B)
@@ -342,9 +345,9 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C,
         g_v = tl.full([], NEG_INF, tl.float32)
         g_i = tl.full([], BIG_IDX, tl.int32)
     else:
-        lo = c * CHUNK
-        hi = tl.minimum(lo + CHUNK, V)
-        m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, CHUNK // BLOCK, T, seed, pos,
+        lo = c * chunk
+        hi = tl.minimum(lo + chunk, V)
+        m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, T, seed, pos,
                                                stream, need_race, BLOCK)
         if c == 0:
             tl.store(row_thr + row, 0.0)
@@ -405,10 +408,11 @@ def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, s
 
 
 @triton.jit
-def final_race_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, CR, cu_ptr,
+def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
-                      HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+                      HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+                      TILES: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts, then
     race once over this chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the
     race over p for an all-zero residual is folded into the same scores) or, if all were
@@ -434,11 +438,11 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, 
         xj = tl.load(drafts_ptr + c0 + n, mask=rejected, other=-1).to(tl.int32)
         q_row = q_ptr + (c0 + n).to(tl.int64) * V
         row_ptr = logits_ptr + row.to(tl.int64) * stride
-        lo = c * CHUNK
-        hi = tl.minimum(lo + CHUNK, V)
+        lo = c * chunk
+        hi = tl.minimum(lo + chunk, V)
         best = tl.full([BLOCK], NEG_INF, tl.float32)
         idx = lo + tl.arange(0, BLOCK)
-        for t in range(0, CHUNK // BLOCK):
+        for t in range(0, TILES):
             start = lo + t * BLOCK
             offs = start + tl.arange(0, BLOCK)
             msk = offs < hi
@@ -490,9 +494,10 @@ def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, par
 
 
 @triton.jit
-def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr, C, temp_ptr, part_m, part_s, part_rv,
-                        part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
-                        STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr):
+def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr, part_m, part_s,
+                        part_rv, part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
+                        STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
+                        TILES: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temp_ptr + b)
@@ -508,9 +513,9 @@ def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, CHUNK: tl.constexpr
         Ts = tl.where(greedy, 1.0, T)
         row_ptr = logits_ptr + b.to(tl.int64) * stride
         q_row = q_ptr + b.to(tl.int64) * V
-        lo = c * CHUNK
-        hi = tl.minimum(lo + CHUNK, V)
-        for t in range(0, CHUNK // BLOCK):
+        lo = c * chunk
+        hi = tl.minimum(lo + chunk, V)
+        for t in range(0, TILES):
             if lo + t * BLOCK < hi:
                 offs = lo + t * BLOCK + tl.arange(0, BLOCK)
                 msk = offs < hi

@@ -41,12 +41,20 @@ SBLOCK = 256  # vocabulary tile of a bisection pass ([SBLOCK, NT] comparisons)
 
 @dataclass(frozen=True)
 class Plan:
-    """Tiling of the vocabulary: BLOCK elements per tile, CHUNK per program, C chunks per row."""
+    """Tiling of the vocabulary: BLOCK elements per tile, CHUNK per program, C chunks per row.
+
+    ``chunk`` is a kernel argument (chunks of a row are balanced to within one tile); the
+    compile-time loop bound is ``tiles``, the power of two at or above chunk / block, so the
+    number of compiled variants stays small."""
 
     block: int
     chunk: int
     num_chunks: int
     num_warps: int
+
+    @property
+    def tiles(self) -> int:
+        return triton.next_power_of_2(self.chunk // self.block)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,18 +65,18 @@ def _sm_count(index: int) -> int:
 
 def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = None,
          chunk: Optional[int] = None) -> Plan:
-    """Pick tile and chunk sizes: enough (row, chunk) programs to fill the device."""
+    """Pick tile and chunk sizes: enough (row, chunk) programs to fill the device (about four
+    per SM), each chunk as long as it can be; a row's chunks differ by at most one tile."""
     if block is None:
         block = 1024 if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
     if chunk is None:
+        tiles_row = triton.cdiv(vocab, block)
         if device.type == "cuda":
             index = torch.cuda.current_device() if device.index is None else device.index
-            sms = _sm_count(index)
-            want = max(1, min(triton.cdiv(4 * sms, max(rows, 1)), triton.cdiv(vocab, block)))
+            want = max(1, min(triton.cdiv(4 * _sm_count(index), max(rows, 1)), tiles_row))
         else:
             want = 1
-        # a power-of-two number of tiles: CHUNK is a compile-time constant, keep variants few
-        chunk = triton.next_power_of_2(triton.cdiv(triton.cdiv(vocab, want), block)) * block
+        chunk = triton.cdiv(tiles_row, want) * block
     chunk = max(block, triton.cdiv(chunk, block) * block)
     return Plan(block, chunk, triton.cdiv(vocab, chunk), 4 if block <= 1024 else 8)
 
@@ -103,7 +111,8 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
         HAS_CU=has_cu, RACE=race, LOG_B=max(9, num_reqs.bit_length()),
-        BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), num_warps=pl.num_warps)
+        BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.tiles,
+        num_warps=pl.num_warps)
     return part
 
 
@@ -131,7 +140,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
         part.rv, part.ri, part.gv, part.gi, part.thr, tokens, q if store_probs else tokens,
         STORE=store_probs, CP=triton.next_power_of_2(pl.num_chunks), BLOCK=pl.block,
-        num_warps=pl.num_warps)
+        TILES=pl.tiles, num_warps=pl.num_warps)
     return tokens, q
 
 
@@ -174,7 +183,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
-            HAS_Q=has_q, CP=cp, BLOCK=pr.block, num_warps=pr.num_warps)
+            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles, num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,
         pl.num_chunks, pr.num_chunks, STRICT=strict, CP=cp, CRP=crp,
@@ -183,12 +192,13 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
 
 
 def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> list[int]:
-    """Row counts that reach every compiled variant: each launch plan (CHUNK is a compile-time
-    constant) with a count Triton specialises as 1, as a multiple of 16, and as anything else."""
+    """Row counts that reach every compiled variant: each launch plan's loop bound (tiles is a
+    compile-time constant) with a count Triton specialises as 1, as a multiple of 16, and as
+    anything else."""
     seen: dict[tuple[int, int], int] = {}
     for r in range(1, max(1, max_rows) + 1):
         kind = 0 if r == 1 else (1 if r % 16 == 0 else 2)
-        seen.setdefault((plan(vocab, r, device).chunk, kind), r)
+        seen.setdefault((plan(vocab, r, device).tiles, kind), r)
     return sorted(seen.values())
 
 

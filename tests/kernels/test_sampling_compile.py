@@ -33,7 +33,8 @@ def _compile(fn, sig: dict, consts: dict, num_warps: int = 4):
     return out
 
 
-ROW_SIG = dict(logits_ptr="*bf16", stride="i32", C="i32", cu_ptr=PI32, B="i32", temp_ptr=P32,
+ROW_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", cu_ptr=PI32, B="i32",
+               temp_ptr=P32,
                topk_ptr=PI32, topp_ptr=P32, minp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64,
                part_m=P32, part_s=P32, part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32,
                row_thr=P32, stream="i32")
@@ -43,18 +44,19 @@ ROW_SIG = dict(logits_ptr="*bf16", stride="i32", C="i32", cu_ptr=PI32, B="i32", 
 def test_row_pass_kernel_compiles(has_cu: bool, race: bool) -> None:
     from kernels import sampling_triton_kernels as K
 
-    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, CHUNK=8192, HAS_CU=has_cu, RACE=race,
-                                              LOG_B=9, BLOCK=1024, NT=16, SBLOCK=256))
+    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, LOG_B=9,
+                                              BLOCK=1024, NT=16, SBLOCK=256, TILES=128))
 
 
 @pytest.mark.parametrize("has_q", [True, False])
 def test_final_race_kernel_compiles(has_q: bool) -> None:
     from kernels import sampling_triton_kernels as K
 
-    sig = dict(logits_ptr="*fp16", stride="i32", C="i32", CR="i32", cu_ptr=PI32, drafts_ptr=PI64,
+    sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
+               drafts_ptr=PI64,
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
                row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32)
-    _compile(K.final_race_kernel, sig, dict(V=V, CHUNK=8192, HAS_Q=has_q, CP=32, BLOCK=1024))
+    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, BLOCK=1024, TILES=32))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
@@ -65,7 +67,8 @@ def test_finalize_and_draft_kernels_compile() -> None:
                n_acc_ptr=PI32, out_ptr=PI64, W="i32", C="i32", CR="i32")
     for strict in (False, True):
         _compile(K.finalize_kernel, sig, dict(STRICT=strict, CP=32, CRP=4, WP=16), num_warps=1)
-    sig = dict(logits_ptr="*bf16", stride="i32", C="i32", temp_ptr=P32, part_m=P32, part_s=P32,
+    sig = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
+               part_s=P32,
                part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
                tok_ptr=PI64, q_ptr=P32)
-    _compile(K.draft_finish_kernel, sig, dict(V=V, CHUNK=8192, STORE=True, CP=32, BLOCK=1024))
+    _compile(K.draft_finish_kernel, sig, dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8))
