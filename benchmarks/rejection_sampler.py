@@ -135,7 +135,7 @@ def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
         first += n_rej * v * 4 if has_q else 0               # fp32 q row of the rejected draft
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
-        small += b * cr * 4 * 4 + b * 4                      # race partials + accepted counts
+        small += b * cr * 2 * 4 + b * 4                      # race partials + accepted counts
     return first + again + small, first
 
 
