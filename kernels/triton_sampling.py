@@ -85,13 +85,12 @@ class _Partials:
     """Per (row, chunk) partial results of row_pass_kernel."""
 
     def __init__(self, rows: int, num_chunks: int, device: torch.device):
-        n = rows * num_chunks
-        f32 = dict(device=device, dtype=torch.float32)
-        i32 = dict(device=device, dtype=torch.int32)
-        self.m, self.s = torch.empty(n, **f32), torch.empty(n, **f32)
-        self.rv, self.ri = torch.empty(n, **f32), torch.empty(n, **i32)
-        self.gv, self.gi = torch.empty(n, **f32), torch.empty(n, **i32)
-        self.thr = torch.empty(max(rows, 1), **f32)
+        # two allocations, split into views; each view starts 16-byte aligned (n rounded up to
+        # a multiple of 4), as Triton's pointer specialisation expects of a fresh tensor
+        n = triton.cdiv(rows * num_chunks, 4) * 4
+        f32 = torch.empty(4 * n + max(rows, 1), device=device, dtype=torch.float32)
+        self.m, self.s, self.rv, self.gv, self.thr = f32.split([n, n, n, n, max(rows, 1)])
+        self.ri, self.gi = torch.empty(2 * n, device=device, dtype=torch.int32).split([n, n])
 
 
 def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, positions):
