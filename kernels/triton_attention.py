@@ -163,15 +163,22 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    ws_acc_ptr, ws_ml_ptr, out_ptr, num_tokens, stride_ot, stride_oh,
+    ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; rows nobody wrote -> 0."""
+    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+
+    Every split of an owned row wrote its (m, l, acc), an empty share as m = -inf; rows past the
+    last request's queries (batch padding) were never written and come out as zeros."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, D_PAD)
+    if t >= tl.load(query_start_loc_ptr + num_reqs):
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d,
+                 tl.zeros([D_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+        return
     ml = (offs_s * num_tokens + t) * NUM_Q_HEADS + h                        # [NUM_SPLITS]
     m = tl.load(ws_ml_ptr + ml)
     seen = m > float("-inf")                                                # split saw context
@@ -249,9 +256,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if splits > 1:
         ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
                              device=q.device)
-        # rows no program writes (batch padding) must read as "saw nothing": m = -inf
-        ws_ml = torch.full((2, splits, num_tokens, num_q_heads), float("-inf"),
-                           dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty((2, splits, num_tokens, num_q_heads), dtype=torch.float32,
+                            device=q.device)
     else:
         ws_acc = ws_ml = out  # unused
     precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
@@ -267,6 +273,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
-            ws_acc, ws_ml, out, num_tokens, out.stride(0), out.stride(1),
+            ws_acc, ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0), out.stride(1),
             NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits)
     return out
