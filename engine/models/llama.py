@@ -111,10 +111,19 @@ class LlamaFamilyModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[KVCache]) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]."""
-        x = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.cos_sin_cache, meta, kv)
+        x, residual = self.run_layers(self.embed_tokens(input_ids), None, positions, meta,
+                                      kv_caches, 0, len(self.layers))
+        return self.final_norm(x, residual)
+
+    def run_layers(self, x: torch.Tensor, residual: Optional[torch.Tensor], positions: torch.Tensor,
+                   meta: AttentionMetadata, kv_caches: list[KVCache], lo: int,
+                   hi: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Decoder layers lo..hi-1 (a forward in pieces: CUDA graphs launch it piece by piece)."""
+        for i in range(lo, hi):
+            x, residual = self.layers[i](x, residual, positions, self.cos_sin_cache, meta, kv_caches[i])
+        return x, residual
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
         return x
 

@@ -7,6 +7,11 @@ Graphs are captured once per (q, batch bucket) with static input buffers; a smal
 padded to its bucket with rows that write no KV (slot -1) and attend only to block 0. The
 attention kernel's launch grid is sized from ``max_model_len`` at capture, so one graph serves
 every context length. Anything else (prefill chunks, mixed q) runs eagerly.
+
+Each forward is captured as two graphs: the first few layers, then the rest. Launching a graph
+costs the host about half a microsecond per kernel, and the GPU starts only when the launch
+returns; with a short first piece the GPU is already working while the host launches the long
+second one, instead of idling for the whole launch.
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from engine.runner.transfer import host_buffer, host_tensor, to_device
 log = logging.getLogger("specserve.runner")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def first_piece_layers(num_layers: int) -> int:
+    """Layers in the first graph of a forward: about a twelfth of them (3 of 36, 3 of 28)."""
+    return max(1, -(-num_layers // 12))
 
 
 class GraphedForward:
@@ -44,8 +54,12 @@ class GraphedForward:
         self.block_tables = torch.zeros((bmax, max_blocks), dtype=i32, device=device)
         self.qsl = torch.arange(0, (bmax + 1) * q, q, dtype=i32, device=device)
         self.seq_lens = torch.full((bmax,), q, dtype=i32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        layers = model.spec.num_layers
+        head = min(first_piece_layers(layers), layers)
+        self.pieces = [(0, head), (head, layers)] if head < layers else [(0, layers)]
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.carried: dict[int, list[tuple]] = {}   # hidden states passed between pieces
         self.pool = None
 
     def _meta(self, b: int) -> AttentionMetadata:
@@ -57,21 +71,36 @@ class GraphedForward:
         hidden = self.model(self.input_ids[:n], self.positions[:n], self._meta(b), self.kv)
         return self.model.compute_logits(hidden)
 
+    def _run_piece(self, b: int, lo: int, hi: int, carried: Optional[tuple]):
+        """Layers lo..hi-1 on the static inputs: (hidden, residual) to carry on, or the logits
+        after the last layer."""
+        n, model = b * self.q, self.model
+        x, residual = carried if lo > 0 else (model.embed_tokens(self.input_ids[:n]), None)
+        x, residual = model.run_layers(x, residual, self.positions[:n], self._meta(b), self.kv, lo, hi)
+        if hi < model.spec.num_layers:
+            return x, residual
+        return model.compute_logits(model.final_norm(x, residual))
+
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.monotonic()
         for b in reversed(self.buckets):
             self._run(b)  # compile and warm up outside the graph
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self._run(b)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[b], self.outputs[b] = graph, out
+            graphs, carried, out = [], [], None
+            for lo, hi in self.pieces:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    out = self._run_piece(b, lo, hi, out)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                graphs.append(graph)
+                carried.append(out)   # keeps the piece's outputs (the next one's inputs) alive
+            self.graphs[b], self.outputs[b], self.carried[b] = graphs, out, carried
         torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs (q=%d, batch <= %d) for %s in %.1fs", len(self.graphs), self.q,
-                 self.buckets[-1], self.model.spec.architecture, time.monotonic() - t0)
+        log.info("captured %d CUDA graphs (q=%d, batch <= %d, %d pieces each) for %s in %.1fs",
+                 len(self.graphs), self.q, self.buckets[-1], len(self.pieces),
+                 self.model.spec.architecture, time.monotonic() - t0)
 
     def fits(self, items: list[ForwardItem]) -> bool:
         """Every item feeds at most q tokens (shorter runs are padded) and wants logits."""
@@ -113,7 +142,8 @@ class GraphedForward:
         else:
             ids = [t for it in items for t in it.token_ids + [0] * (q - len(it.token_ids))]
             self.input_ids[:nreq * q].copy_(host_tensor(ids, torch.int64, dev), non_blocking=True)
-        self.graphs[b].replay()
+        for graph in self.graphs[b]:
+            graph.replay()
         out = self.outputs[b]
         if all(it.num_logits == q for it in items):
             return out[:nreq * q]
