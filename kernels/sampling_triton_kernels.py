@@ -84,10 +84,20 @@ def _log_e(seed, pos, stream, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _div_t(z, T):
+    """z / T with IEEE division (as torch does it), skipped where T == 1.0: z / 1.0 == z
+    exactly, and the division is most of a streaming pass's per-element instructions. T is a
+    per-row scalar, so the branch is uniform across the program."""
+    if T != 1.0:
+        z = tl.math.div_rn(z, T)
+    return z
+
+
+@triton.jit
 def _load_x(row_ptr, offs, msk, T):
-    """x = z / T in fp32 (IEEE division, as torch does it); masked lanes get -inf."""
+    """x = z / T in fp32 (_div_t); masked lanes get -inf."""
     z = tl.load(row_ptr + offs, mask=msk, other=NEG_INF).to(tl.float32)
-    return tl.math.div_rn(z, T)
+    return _div_t(z, T)
 
 
 @triton.jit
@@ -294,7 +304,7 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
             offs = start + tl.arange(0, BLOCK)
             z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
             g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
-            x = tl.math.div_rn(z, T)
+            x = _div_t(z, T)
             m, s = _lane_softmax(m, s, x)
             if need_race:
                 r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, start, BLOCK), offs,
@@ -371,7 +381,7 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
         thr = tl.load(row_thr + row)
         xj = tl.load(drafts_ptr + c0 + n)
         z = tl.load(logits_ptr + row.to(tl.int64) * stride + xj).to(tl.float32)
-        e = tl.exp(tl.math.div_rn(z, T) - mx)
+        e = tl.exp(_div_t(z, T) - mx)
         px = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
         if HAS_Q:
             qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)

@@ -164,6 +164,31 @@ else:
             want = R.rejection_sample(*case.args(method), max_num_draft_tokens=7)
             assert got.shape == (3, 8) and torch.equal(got, want), f"\n{got}\n{want}"
 
+    # unfiltered rows: T == 1 (the kernels skip the division), T != 1 (1 + 2**-23 is the
+    # nearest fp32 above 1), greedy; the filtered rows of MIX / PARAMS cover T != 1 only filtered
+    UNFILTERED_T = [(1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0), GREEDY, (1.0 + 2**-23, 0, 1.0, 0.0),
+                    (1.3, 0, 1.0, 0.0)]
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+    def test_temperature_one_and_other_rows_match_reference(dtype) -> None:
+        """Rows with T == 1, T != 1 and greedy rows in one batch: draft tokens, q and both
+        verification methods match the reference (chunked row pass and final race)."""
+        gen = torch.Generator().manual_seed(16)
+        n = len(UNFILTERED_T)
+        z = (torch.randn(n, 300, generator=gen) * 2).to(dtype)
+        args = (*param_tensors(UNFILTERED_T), torch.arange(n) * 31 + 2, torch.arange(n) + 9)
+        tok, q = TS.sample_draft(z, *args, True, block=BLOCK, chunk=CHUNK)
+        want_tok, want_q = R.sample_draft(z, *args, True)
+        assert torch.equal(tok, want_tok)
+        assert torch.equal(q > 0, want_q > 0)
+        torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-5)
+        case = make_verify_case([3, 2, 1, 4, 0], UNFILTERED_T, vocab=300, seed=17, dtype=dtype,
+                                noise=0.3, scale=4.0)
+        for method in ("probabilistic", "strict"):
+            got = TS.rejection_sample(*case.args(method), block=BLOCK, chunk=CHUNK)
+            want = R.rejection_sample(*case.args(method))
+            assert torch.equal(got, want), f"{method}\n{got}\n{want}"
+
     def test_zero_draft_probability_is_a_rejection() -> None:
         case = make_verify_case([2], [PARAM_SETS["t1"]], vocab=64, seed=14)
         x = int(case.drafts[0])
