@@ -2,6 +2,9 @@
 
 Work is split over (row, vocabulary chunk) programs, so even one request with few drafts fills
 the GPU; each program reads its slice of logits once, in their own dtype, into fp32 registers.
+Logits are scaled as ``x = z / T`` with IEEE division, except in rows with T == 1.0 (greedy rows
+too), where z / 1.0 == z exactly: each loop is compiled twice, with T and without (``_div_t``),
+and a program picks one copy by its row's T.
 
 * ``row_pass_kernel`` (grid [rows, chunks]): per chunk, the softmax partials (max ``m`` of
   ``x = z / T`` and ``s = sum exp(x - m)``), the greedy partial argmax of ``z`` and, where the
@@ -85,10 +88,12 @@ def _log_e(seed, pos, stream, start, BLOCK: tl.constexpr):
 
 @triton.jit
 def _div_t(z, T):
-    """z / T with IEEE division (as torch does it), skipped where T == 1.0: z / 1.0 == z
-    exactly, and the division is most of a streaming pass's per-element instructions. T is a
-    per-row scalar, so the branch is uniform across the program."""
-    if T != 1.0:
+    """z / T with IEEE division (as torch does it); T is None for a row whose temperature is
+    1.0 (greedy rows included), where z / 1.0 == z exactly and the division, most of a
+    streaming pass's per-element instructions, is left out. Kernels test T != 1.0 once per
+    program and run one of two compiled copies of their loop (T or None): a test inside the
+    loop, once per tile, slowed the T != 1 rows by ~5%."""
+    if T is not None:
         z = tl.math.div_rn(z, T)
     return z
 
@@ -271,6 +276,20 @@ def _filtered_row(row_ptr, V: tl.constexpr, T, top_k, top_p, min_p, k_on, p_on, 
 
 
 @triton.jit
+def _filtered_pass(row_ptr, V: tl.constexpr, T, top_k, top_p, min_p, k_on, p_on, m_on, need_race,
+                   seed, pos, stream, BLOCK: tl.constexpr, NT: tl.constexpr,
+                   SBLOCK: tl.constexpr):
+    """A filtered row, whole: (max x, threshold, kept mass, race best, race index)."""
+    m, thr, s = _filtered_row(row_ptr, V, T, top_k, top_p, min_p, k_on, p_on, m_on, BLOCK, NT,
+                              SBLOCK)
+    r_v = tl.full([], NEG_INF, tl.float32)
+    r_i = tl.full([], BIG_IDX, tl.int32)
+    if need_race:
+        r_v, r_i = _race_range(row_ptr, 0, V, T, m, thr, seed, pos, stream, BLOCK)
+    return m, thr, s, r_v, r_i
+
+
+@triton.jit
 def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, pos, stream, BLOCK: tl.constexpr):
     """Race over [lo, hi) of kept tokens (e >= thr): (best score, index)."""
     best = tl.full([BLOCK], NEG_INF, tl.float32)
@@ -347,18 +366,26 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
         r_v = tl.full([], NEG_INF, tl.float32)
         r_i = tl.full([], BIG_IDX, tl.int32)
         if c == 0:
-            m, thr, s = _filtered_row(row_ptr, V, T, top_k, top_p, min_p, k_on, p_on, m_on,
-                                      BLOCK, NT, SBLOCK)
+            if T != 1.0:
+                m, thr, s, r_v, r_i = _filtered_pass(row_ptr, V, T, top_k, top_p, min_p, k_on,
+                                                     p_on, m_on, need_race, seed, pos, stream,
+                                                     BLOCK, NT, SBLOCK)
+            else:
+                m, thr, s, r_v, r_i = _filtered_pass(row_ptr, V, None, top_k, top_p, min_p, k_on,
+                                                     p_on, m_on, need_race, seed, pos, stream,
+                                                     BLOCK, NT, SBLOCK)
             tl.store(row_thr + row, thr)
-            if need_race:
-                r_v, r_i = _race_range(row_ptr, 0, V, T, m, thr, seed, pos, stream, BLOCK)
         g_v = tl.full([], NEG_INF, tl.float32)
         g_i = tl.full([], BIG_IDX, tl.int32)
     else:
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, T, seed, pos,
-                                               stream, need_race, BLOCK)
+        if T != 1.0:
+            m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, T, seed, pos,
+                                                   stream, need_race, BLOCK)
+        else:
+            m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, None, seed, pos,
+                                                   stream, need_race, BLOCK)
         if c == 0:
             tl.store(row_thr + row, 0.0)
     tl.store(part_m + out, m)
@@ -381,7 +408,9 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
         thr = tl.load(row_thr + row)
         xj = tl.load(drafts_ptr + c0 + n)
         z = tl.load(logits_ptr + row.to(tl.int64) * stride + xj).to(tl.float32)
-        e = tl.exp(_div_t(z, T) - mx)
+        if T != 1.0:                         # a scalar per row: no need for two copies
+            z = tl.math.div_rn(z, T)
+        e = tl.exp(z - mx)
         px = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
         if HAS_Q:
             qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)
@@ -418,6 +447,27 @@ def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, s
 
 
 @triton.jit
+def _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, rejected,
+                HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    """The final race over [lo, hi): (best score, index)."""
+    best = tl.full([BLOCK], NEG_INF, tl.float32)
+    idx = lo + tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        start = lo + t * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        msk = offs < hi
+        run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
+        if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
+            _x, e = _scaled(row_ptr, offs, msk, T, mx)
+            run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
+        if run:
+            sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos,
+                            stream, rejected, HAS_Q, BLOCK)
+            best, idx = _lane_best(sc, offs, best, idx)
+    return _reduce_best(best, idx)
+
+
+@triton.jit
 def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
@@ -450,21 +500,12 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         row_ptr = logits_ptr + row.to(tl.int64) * stride
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        best = tl.full([BLOCK], NEG_INF, tl.float32)
-        idx = lo + tl.arange(0, BLOCK)
-        for t in range(0, TILES):
-            start = lo + t * BLOCK
-            offs = start + tl.arange(0, BLOCK)
-            msk = offs < hi
-            run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
-            if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
-                _x, e = _scaled(row_ptr, offs, msk, T, mx)
-                run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
-            if run:
-                sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed,
-                                pos0 + n, stream, rejected, HAS_Q, BLOCK)
-                best, idx = _lane_best(sc, offs, best, idx)
-        v, j = _reduce_best(best, idx)
+        if T != 1.0:
+            v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos0 + n,
+                               stream, rejected, HAS_Q, BLOCK, TILES)
+        else:
+            v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, seed, pos0 + n,
+                               stream, rejected, HAS_Q, BLOCK, TILES)
         tl.store(rec_v + b * CR + c, v)
         tl.store(rec_i + b * CR + c, j)
 
@@ -504,6 +545,20 @@ def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, par
 
 
 @triton.jit
+def _store_q(row_ptr, q_row, lo, hi, T, mx, S, thr, greedy, tok, BLOCK: tl.constexpr,
+             TILES: tl.constexpr):
+    """q over [lo, hi): the filtered probabilities, or one-hot at tok for a greedy row."""
+    for t in range(0, TILES):
+        if lo + t * BLOCK < hi:
+            offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+            msk = offs < hi
+            _x, e = _scaled(row_ptr, offs, msk, T, mx)
+            p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
+            q = tl.where(greedy, tl.where(offs == tok, 1.0, 0.0), p)
+            tl.store(q_row + offs, q, mask=msk)
+
+
+@triton.jit
 def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr, part_m, part_s,
                         part_rv, part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
                         STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
@@ -520,16 +575,11 @@ def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr,
     if STORE:
         mx, S = _combine_softmax(part_m, part_s, b * C, C, CP)
         thr = tl.load(row_thr + b)
-        Ts = tl.where(greedy, 1.0, T)
         row_ptr = logits_ptr + b.to(tl.int64) * stride
         q_row = q_ptr + b.to(tl.int64) * V
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        for t in range(0, TILES):
-            if lo + t * BLOCK < hi:
-                offs = lo + t * BLOCK + tl.arange(0, BLOCK)
-                msk = offs < hi
-                _x, e = _scaled(row_ptr, offs, msk, Ts, mx)
-                p = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
-                q = tl.where(greedy, tl.where(offs == tok, 1.0, 0.0), p)
-                tl.store(q_row + offs, q, mask=msk)
+        if greedy | (T == 1.0):
+            _store_q(row_ptr, q_row, lo, hi, None, mx, S, thr, greedy, tok, BLOCK, TILES)
+        else:
+            _store_q(row_ptr, q_row, lo, hi, T, mx, S, thr, greedy, tok, BLOCK, TILES)
