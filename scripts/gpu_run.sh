@@ -16,10 +16,13 @@ if [[ "$what" == *tests* ]]; then
   # one file at a time, each bounded, so a slow file cannot hide the others' results
   for f in ${GPU_TEST_FILES:-tests/gpu/test_engine_gpu.py tests/gpu/test_layers_gpu.py tests/gpu/test_sampling_gpu.py}; do
     echo "== $f" | tee -a "$OUT/gpu_tests.log"
-    timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest -m gpu "$f" -v --tb=short -rfs --durations=5 \
-      --timeout 180 -p no:cacheprovider 2>&1 | grep -v "^$" | tee -a "$OUT/gpu_tests.log"
+    timeout "${GPU_TEST_TIMEOUT:-400}" python3 -m pytest -m gpu "$f" -v --tb=short -rfs --durations=5 \
+      --timeout 300 -p no:cacheprovider 2>&1 | grep -v "^$" | tee -a "$OUT/gpu_tests.log"
   done
 fi
 if [[ "$what" == *bench* ]]; then
-  timeout "${GPU_BENCH_TIMEOUT:-360}" python3 -m server.cli bench --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"
+  # the device returns at most 8 files: the report and log loose, everything (JSON, plots) in a tarball
+  timeout "${GPU_BENCH_TIMEOUT:-420}" python3 -m server.cli bench --out /tmp/bench "$@" 2>&1 | tee "$OUT/bench.log"
+  cp /tmp/bench/bench.md "$OUT/" 2>/dev/null
+  tar czf "$OUT/bench.tgz" -C /tmp bench
 fi
