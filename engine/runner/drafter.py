@@ -82,11 +82,16 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
     max_k = max(p.k for p in proposals)
     table = None if host_each_pass else torch.full((len(proposals), max_k), -1, dtype=torch.int64,
                                                    device=device)  # [P, k]
+    # sampling parameters of every proposal, copied once; pass j shifts the positions by j
+    first_positions = [len(p.committed) - p.request.prompt_len for p in proposals]
+    params = SamplingTensors.build([p.request for p in proposals], first_positions, device,
+                                   force_greedy=greedy_drafts)
     prev: Optional[torch.Tensor] = None
     prev_rows: list[int] = []
     for j in range(max_k):
         rows = [i for i, p in enumerate(proposals) if p.k > j]
         active = [proposals[i] for i in rows]
+        st = params if len(rows) == len(proposals) else params.rows(to_device(rows, torch.int64, device))
         if j > 0:
             items = [ForwardItem([p.drafts[-1] if host_each_pass else 0], len(p.committed) + j - 1,
                                  p.request.block_ids, 1) for p in active]
@@ -95,7 +100,7 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
                 ids = prev if rows == prev_rows else prev[to_device(
                     [prev_rows.index(i) for i in rows], torch.int64, device)]
             logits = forward(items, ids)
-        tokens, probs = _sample_pass(active, logits, j, store_probs, greedy_drafts, device)
+        tokens, probs = _sample_pass(active, logits, st.shifted(j), store_probs)
         if host_each_pass:
             for p, tok in zip(active, tokens.tolist()):
                 p.drafts.append(tok)
@@ -112,13 +117,12 @@ def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: Dra
             p.drafts = row[:p.k]
 
 
-def _sample_pass(active: list[_Proposal], logits: torch.Tensor, j: int, store_probs: bool,
-                 greedy_drafts: bool, device: torch.device):
-    """Draft j+1 of each active proposal from ``logits [len(active), V]``: (tokens [A], probs [A, V])."""
-    prompt_lens = [p.request.prompt_len for p in active]
-    rows = [RowContext(p.request, p.committed[pl:] + p.drafts) for p, pl in zip(active, prompt_lens)]
-    apply_processors(logits, rows)
-    positions = [len(p.committed) - pl + j for p, pl in zip(active, prompt_lens)]
-    st = SamplingTensors.build([p.request for p in active], positions, device, force_greedy=greedy_drafts)
+def _sample_pass(active: list[_Proposal], logits: torch.Tensor, st: SamplingTensors,
+                 store_probs: bool):
+    """The next draft of each active proposal from ``logits [len(active), V]`` with its sampling
+    parameters ``st`` (positions already those of this pass): (tokens [A], probs [A, V])."""
+    if any(needs_processing(p.request) for p in active):
+        apply_processors(logits, [RowContext(p.request, p.committed[p.request.prompt_len:] + p.drafts)
+                                  for p in active])
     return ops.sample_draft(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds,
                             st.positions, store_probs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from engine.runner.transfer import to_device
 @dataclass
 class SamplingTensors:
     temperature: torch.Tensor   # [B] fp32, 0 = greedy
-    top_k: torch.Tensor         # [B] int32, 0 = off
+    top_k: torch.Tensor         # [B] int64, 0 = off
     top_p: torch.Tensor         # [B] fp32
     min_p: torch.Tensor         # [B] fp32
     seeds: torch.Tensor         # [B] int64
@@ -22,15 +23,20 @@ class SamplingTensors:
     @staticmethod
     def build(reqs: list[Request], positions: list[int], device: torch.device,
               force_greedy: bool = False) -> "SamplingTensors":
-        def t(vals, dtype):
-            return to_device(vals, dtype, device)
-
+        """Two host-to-device copies (the fp32 fields, the integer fields), rows viewed out."""
         temps = [0.0 if force_greedy else r.params.temperature for r in reqs]
-        return SamplingTensors(
-            temperature=t(temps, torch.float32),
-            top_k=t([r.params.top_k for r in reqs], torch.int32),
-            top_p=t([r.params.top_p for r in reqs], torch.float32),
-            min_p=t([r.params.min_p for r in reqs], torch.float32),
-            seeds=t([r.seed for r in reqs], torch.int64),
-            positions=t(positions, torch.int64),
-        )
+        floats = to_device([temps, [r.params.top_p for r in reqs], [r.params.min_p for r in reqs]],
+                           torch.float32, device)                                  # [3, B]
+        ints = to_device([[r.params.top_k for r in reqs], [r.seed for r in reqs], positions],
+                         torch.int64, device)                                      # [3, B]
+        return SamplingTensors(temperature=floats[0], top_k=ints[0], top_p=floats[1],
+                               min_p=floats[2], seeds=ints[1], positions=ints[2])
+
+    def shifted(self, offset: int) -> "SamplingTensors":
+        """The same requests ``offset`` output positions later (draft pass j: offset j)."""
+        return dataclasses.replace(self, positions=self.positions + offset) if offset else self
+
+    def rows(self, index: torch.Tensor) -> "SamplingTensors":
+        """The requests at ``index`` (a device int64 tensor), in that order."""
+        return SamplingTensors(*(getattr(self, f.name).index_select(0, index)
+                                 for f in dataclasses.fields(self)))
