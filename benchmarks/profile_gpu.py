@@ -70,7 +70,7 @@ def profile_core(core, label: str, batch: int, steps: int, out) -> None:
         core.step()
     cp.disable()
     buf = io.StringIO()
-    pstats.Stats(cp, stream=buf).sort_stats("tottime").print_stats(30)
+    pstats.Stats(cp, stream=buf).sort_stats("tottime").print_stats(40)
     med = walls[len(walls) // 2]
     print(f"\n===== {label}: batch {batch}, median wall {med * 1e3:.3f} ms/step, device kernels "
           f"{k_s * 1e3:.3f} ms/step ({k_n:.0f} kernels), host-exposed {1e3 * (med - k_s):.3f} ms",
@@ -134,11 +134,19 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="speculative tokens for the pair engine")
     ap.add_argument("--out", default="-", help="report file ('-': stdout)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: plain,pair,self,sampler")
+    ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"),
+                    help="profile these checkpoint directories (e.g. the demo pair) instead of the "
+                         "dummy 8B-like / 0.6B-like shapes")
     args = ap.parse_args()
     out = sys.stdout if args.out == "-" else open(args.out, "w")
     skip = set(filter(None, args.skip.split(",")))
-    tmp = Path(tempfile.mkdtemp(prefix="specserve-prof-"))
-    target, draft = shapes.write_pair(tmp, shapes.QWEN3_8B_LIKE, shapes.QWEN3_06B_LIKE)
+    if args.pair:
+        target, draft = (Path(p).resolve() for p in args.pair)
+        load_format = "auto"
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="specserve-prof-"))
+        target, draft = shapes.write_pair(tmp, shapes.QWEN3_8B_LIKE, shapes.QWEN3_06B_LIKE)
+        load_format = "dummy"
     cache = ModelCache("cuda", "bfloat16", "auto", 1024, False, 0)
     mb = max(args.batch)
     blocks = mb * 80 + 8
@@ -146,7 +154,7 @@ def main() -> None:
         if flavour in skip:
             continue
         t0 = time.perf_counter()
-        core = cache.core(str(target), d, args.k if d else 0, blocks, "dummy", max_num_seqs=mb)
+        core = cache.core(str(target), d, args.k if d else 0, blocks, load_format, max_num_seqs=mb)
         print(f"[profile] engine {flavour} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         for b in args.batch:
             profile_core(core, flavour, b, args.steps, out)
