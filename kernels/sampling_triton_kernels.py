@@ -334,7 +334,7 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
     return m, s, g_v, g_i, r_v, r_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "B"])
 def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
@@ -467,7 +467,7 @@ def _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, re
     return _reduce_best(best, idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "CR"])
 def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
@@ -510,7 +510,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         tl.store(rec_i + b * CR + c, j)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "C", "CR"])
 def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, part_gi,
                     rec_v, rec_i, n_acc_ptr, out_ptr, W, C, CR,
                     STRICT: tl.constexpr, CP: tl.constexpr, CRP: tl.constexpr,
@@ -558,7 +558,7 @@ def _store_q(row_ptr, q_row, lo, hi, T, mx, S, thr, greedy, tok, BLOCK: tl.const
             tl.store(q_row + offs, q, mask=msk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C"])
 def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr, part_m, part_s,
                         part_rv, part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
                         STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,

@@ -119,6 +119,13 @@ def _rowwise(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
+def _chunks_pad(vocab: int, block: int) -> int:
+    """Width of the per-chunk partials a combine step reads: the most chunks any plan for this
+    vocabulary can have (one tile each), padded to a power of two. Fixed per vocabulary, so the
+    batch size never selects a new compiled variant (lanes past a row's chunks are masked)."""
+    return triton.next_power_of_2(triton.cdiv(vocab, block))
+
+
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor, store_probs: bool, *, block: Optional[int] = None,
@@ -138,7 +145,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
         part.rv, part.ri, part.gv, part.gi, part.thr, tokens, q if store_probs else tokens,
-        STORE=store_probs, CP=triton.next_power_of_2(pl.num_chunks), BLOCK=pl.block,
+        STORE=store_probs, CP=_chunks_pad(vocab, pl.block), BLOCK=pl.block,
         TILES=pl.tiles, num_warps=pl.num_warps)
     return tokens, q
 
@@ -175,7 +182,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
     rec = (torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.float32),
            torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.int32))
-    cp, crp = triton.next_power_of_2(pl.num_chunks), triton.next_power_of_2(pr.num_chunks)
+    cp, crp = _chunks_pad(vocab, pl.block), _chunks_pad(vocab, pr.block)
     if not strict:
         has_q = draft_probs is not None and draft_probs.numel() > 0
         q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
@@ -191,14 +198,30 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
 
 
 def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> list[int]:
-    """Row counts that reach every compiled variant: each launch plan's loop bound (tiles is a
-    compile-time constant) with a count Triton specialises as 1, as a multiple of 16, and as
-    anything else."""
+    """Row counts that reach every compiled variant: each launch plan's loop bound (TILES is a
+    compile-time constant; the chunk and row counts are not specialised and the partials' width
+    is fixed per vocabulary), each with a count of 1, a multiple of 16 and anything else (cheap
+    insurance against a specialised integer argument)."""
     seen: dict[tuple[int, int], int] = {}
     for r in range(1, max(1, max_rows) + 1):
         kind = 0 if r == 1 else (1 if r % 16 == 0 else 2)
         seen.setdefault((plan(vocab, r, device).tiles, kind), r)
     return sorted(seen.values())
+
+
+def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
+                   device: torch.device) -> tuple[list[int], list[tuple[int, int]]]:
+    """(draft-sampling row counts, rejection-sampling (requests, drafts) shapes) whose launches
+    reach every variant of the kernels: the row pass's loop bound over B (k + 1) rows, the final
+    race's over B rows, and the output width over k."""
+    first: dict[tuple[int, int, int], tuple[int, int]] = {}
+    for reqs in range(1, max(1, max_reqs) + 1):
+        race_tiles = plan(vocab, reqs, device).tiles
+        for k in range(max_drafts + 1):
+            key = (plan(vocab, reqs * (k + 1), device).tiles, race_tiles, triton.next_power_of_2(k + 1))
+            first.setdefault(key, (reqs, k))
+    shapes = set(first.values())
+    return _representative_rows(vocab, max_reqs, device), sorted(shapes)
 
 
 def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs: bool,
@@ -218,16 +241,12 @@ def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs:
                 torch.ones(n, **f32), torch.zeros(n, **f32),
                 torch.arange(n, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device))
 
-    for b in _representative_rows(vocab, max_reqs, device):
+    draft_rows, shapes = warm_up_shapes(vocab, max_reqs, max_drafts, device)
+    for b in draft_rows:
         logits = torch.randn(b, vocab, generator=gen, device=device).to(dtype)
         sample_draft(logits, *params(b), store_probs)
         calls += 1
-    ks = sorted({min(max_drafts, k) for k in (0, 1, 3, 7, max_drafts)})
-    shapes = {(r, k) for r in _representative_rows(vocab, max_reqs, device) for k in ks}
-    for rows in _representative_rows(vocab, max_reqs * (max_drafts + 1), device):
-        reqs = max(1, -(-rows // (max_drafts + 1)))
-        shapes.add((reqs, min(max_drafts, rows // reqs - 1)))
-    for reqs, k in sorted(shapes):
+    for reqs, k in shapes:
         rows = reqs * (k + 1)
         logits = torch.randn(rows, vocab, generator=gen, device=device).to(dtype)
         cu = torch.arange(0, (reqs + 1) * k, k, dtype=torch.int32, device=device) if k else \

@@ -196,6 +196,28 @@ else:
         got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK)
         assert got[0, 1] == -1 and got[0, 0] >= 0
 
+    @pytest.mark.parametrize("vocab,max_reqs,max_drafts", [(151_936, 256, 4), (151_936, 64, 8),
+                                                           (4096, 64, 4), (32_000, 128, 5)])
+    def test_warm_up_reaches_every_compiled_variant(monkeypatch, vocab, max_reqs, max_drafts) -> None:
+        """Every batch a server can run selects kernel variants (compile-time constants) that the
+        start-up warm-up already compiled; a miss is a multi-second JIT stall in the middle of
+        traffic (measured on an H100). Plans as on a 132-SM GPU."""
+        monkeypatch.setattr(TS, "_sm_count", lambda index: 132)
+        dev = torch.device("cuda", 0)                      # plan() only reads the SM count
+        draft_rows, shapes = TS.warm_up_shapes(vocab, max_reqs, max_drafts, dev)
+        tiles = lambda rows: TS.plan(vocab, rows, dev).tiles  # noqa: E731
+        width = lambda k: 1 << k.bit_length()              # next power of two of k + 1  # noqa: E731
+        assert {tiles(b) for b in range(1, max_reqs + 1)} == {tiles(b) for b in draft_rows}
+        every = [(r, k) for r in range(1, max_reqs + 1) for k in range(max_drafts + 1)]
+        assert {tiles(r * (k + 1)) for r, k in every} <= {tiles(r * (k + 1)) for r, k in shapes}
+        assert {tiles(r) for r, _ in every} <= {tiles(r) for r, _ in shapes}       # final race
+        assert {width(k) for _, k in every} <= {width(k) for _, k in shapes}       # finalize
+        assert all(r <= max_reqs and k <= max_drafts for r, k in shapes)
+        # the partials' width is fixed per vocabulary and covers every plan's chunk count
+        pad = TS._chunks_pad(vocab, 1024)
+        assert all(TS.plan(vocab, rows, dev).num_chunks <= pad
+                   for rows in range(1, max_reqs * (max_drafts + 1) + 1))
+
     @pytest.mark.parametrize("method,with_probs,store", [("probabilistic", True, True),
                                                           ("strict", False, True),
                                                           ("probabilistic", False, False)])
