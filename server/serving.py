@@ -269,6 +269,30 @@ def sse_error(exc: BaseException) -> str:
     return sse(json.dumps(from_engine_error(exc).body()))
 
 
+def usage_options(opts: Any) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of a request's ``stream_options`` (may be None)."""
+    include = bool(opts and opts.include_usage)
+    return include, include and bool(opts and opts.continuous_usage_stats)
+
+
+async def stream_chunks(gen: "Generation", choices_of: Callable[[int, RequestOutput], list],
+                        chunk: Callable[[list, bool], str], include_usage: bool,
+                        continuous: bool) -> AsyncIterator[str]:
+    """An SSE stream's events after any opening ones: a chunk for every engine output that has
+    something new (``choices_of(prompt index, output)`` builds its choices), the usage chunk if
+    asked for, an error event if anything fails, then [DONE]."""
+    try:
+        async for p_idx, out in gen.outputs():
+            choices = choices_of(p_idx, out)
+            if choices:
+                yield chunk(choices, continuous)
+        if include_usage:
+            yield chunk([], True)
+    except Exception as e:  # noqa: BLE001 - any failure becomes an error event, then [DONE]
+        yield sse_error(e)
+    yield SSE_DONE
+
+
 class GenerationStreamResponse(StreamingResponse):
     """An SSE response that always closes its Generation: end, error, or client disconnect."""
 

@@ -12,15 +12,15 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.types import Logprob
+from engine.types import Logprob, RequestOutput
 from server.errors import bad_request
 from server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
                              ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
                              ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob)
-from server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, Generation,
-                            GenerationStreamResponse, ServerState, check_failed, check_text,
-                            clamp_logprob, new_request_id, sampling_params, sse, sse_error, tokenize,
-                            until_disconnect)
+from server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
+                            ServerState, check_failed, check_text, clamp_logprob, new_request_id,
+                            sampling_params, sse, stream_chunks, tokenize, until_disconnect,
+                            usage_options)
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -118,9 +118,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generation,
                   request_id: str) -> AsyncIterator[str]:
     created = int(time.time())
-    opts = req.stream_options
-    include_usage = bool(opts and opts.include_usage)
-    continuous = include_usage and bool(opts and opts.continuous_usage_stats)
+    include_usage, continuous = usage_options(req.stream_options)
 
     def chunk(choices: list[ChatStreamChoice], with_usage: bool, prompt_ids: Any = None) -> str:
         body = ChatCompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
@@ -129,31 +127,28 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         return sse(body.model_dump_json())
 
     cursors = [ChoiceCursor() for _ in range(req.n)]
+
+    def choices_of(_p_idx: int, out: RequestOutput) -> list[ChatStreamChoice]:
+        choices = []
+        for comp in out.outputs:
+            check_failed(comp)
+            cursor = cursors[comp.index]
+            if cursor.done:
+                continue
+            text, ids, lps = cursor.advance(comp)
+            if not (text or ids or cursor.done):
+                continue
+            choices.append(ChatStreamChoice(
+                index=comp.index, delta=DeltaMessage(content=text) if text else DeltaMessage(),
+                logprobs=_logprobs(state, lps) if req.logprobs else None,
+                finish_reason=str(comp.finish_reason) if cursor.done else None,
+                stop_reason=comp.stop_reason if cursor.done else None,
+                token_ids=ids if req.return_token_ids else None))
+        return choices
+
     roles = [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
              for i in range(req.n)]
     yield chunk(roles, continuous,
                 gen.items[0].prompt_ids if req.return_token_ids else None)
-    try:
-        async for _, out in gen.outputs():
-            choices = []
-            for comp in out.outputs:
-                check_failed(comp)
-                cursor = cursors[comp.index]
-                if cursor.done:
-                    continue
-                text, ids, lps = cursor.advance(comp)
-                if not (text or ids or cursor.done):
-                    continue
-                choices.append(ChatStreamChoice(
-                    index=comp.index, delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                    logprobs=_logprobs(state, lps) if req.logprobs else None,
-                    finish_reason=str(comp.finish_reason) if cursor.done else None,
-                    stop_reason=comp.stop_reason if cursor.done else None,
-                    token_ids=ids if req.return_token_ids else None))
-            if choices:
-                yield chunk(choices, continuous)
-        if include_usage:
-            yield chunk([], True)
-    except Exception as e:  # noqa: BLE001 - any failure becomes an error event, then [DONE]
-        yield sse_error(e)
-    yield SSE_DONE
+    async for event in stream_chunks(gen, choices_of, chunk, include_usage, continuous):
+        yield event

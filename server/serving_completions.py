@@ -15,9 +15,9 @@ from engine.types import Logprob, RequestOutput
 from server.errors import bad_request
 from server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                              CompletionStreamResponse)
-from server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, Generation,
-                            GenerationStreamResponse, ServerState, check_failed, clamp_logprob,
-                            new_request_id, sampling_params, sse, sse_error, tokenize, until_disconnect)
+from server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
+                            ServerState, check_failed, clamp_logprob, new_request_id, sampling_params,
+                            sse, stream_chunks, tokenize, until_disconnect, usage_options)
 
 
 def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], Optional[str]]]:
@@ -120,9 +120,7 @@ def _full_response(state: ServerState, req: CompletionRequest, request_id: str,
 async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, request_id: str,
                   echo: Optional[_Echo]) -> AsyncIterator[str]:
     created = int(time.time())
-    opts = req.stream_options
-    include_usage = bool(opts and opts.include_usage)
-    continuous = include_usage and bool(opts and opts.continuous_usage_stats)
+    include_usage, continuous = usage_options(req.stream_options)
     cursors: dict[int, ChoiceCursor] = {}
     offsets: dict[int, int] = {}
 
@@ -131,35 +129,31 @@ async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, r
                                         choices=choices, usage=gen.usage() if with_usage else None)
         return sse(body.model_dump_json())
 
-    try:
-        async for p_idx, out in gen.outputs():
-            choices = []
-            for comp in out.outputs:
-                check_failed(comp)
-                index = p_idx * req.n + comp.index
-                cursor = cursors.setdefault(index, ChoiceCursor())
-                if cursor.done:
-                    continue
-                first = cursor.tokens == 0 and cursor.text == 0
-                text, ids, lps = cursor.advance(comp)
-                if not (text or ids or cursor.done):
-                    continue
-                if first and echo:
-                    text = echo.text(p_idx) + text
-                offset = offsets.get(index, 0)
-                block = _logprobs(state, lps, offset) if req.logprobs is not None else None
-                if block:
-                    offsets[index] = offset + sum(len(t) for t in block.tokens)
-                choices.append(CompletionChoice(
-                    index=index, text=text, logprobs=block,
-                    finish_reason=str(comp.finish_reason) if cursor.done else None,
-                    stop_reason=comp.stop_reason if cursor.done else None,
-                    prompt_token_ids=out.prompt_token_ids if first and req.return_token_ids else None,
-                    token_ids=ids if req.return_token_ids else None))
-            if choices:
-                yield chunk(choices, continuous)
-        if include_usage:
-            yield chunk([], True)
-    except Exception as e:  # noqa: BLE001 - any failure becomes an error event, then [DONE]
-        yield sse_error(e)
-    yield SSE_DONE
+    def choices_of(p_idx: int, out: RequestOutput) -> list[CompletionChoice]:
+        choices = []
+        for comp in out.outputs:
+            check_failed(comp)
+            index = p_idx * req.n + comp.index
+            cursor = cursors.setdefault(index, ChoiceCursor())
+            if cursor.done:
+                continue
+            first = cursor.tokens == 0 and cursor.text == 0
+            text, ids, lps = cursor.advance(comp)
+            if not (text or ids or cursor.done):
+                continue
+            if first and echo:
+                text = echo.text(p_idx) + text
+            offset = offsets.get(index, 0)
+            block = _logprobs(state, lps, offset) if req.logprobs is not None else None
+            if block:
+                offsets[index] = offset + sum(len(t) for t in block.tokens)
+            choices.append(CompletionChoice(
+                index=index, text=text, logprobs=block,
+                finish_reason=str(comp.finish_reason) if cursor.done else None,
+                stop_reason=comp.stop_reason if cursor.done else None,
+                prompt_token_ids=out.prompt_token_ids if first and req.return_token_ids else None,
+                token_ids=ids if req.return_token_ids else None))
+        return choices
+
+    async for event in stream_chunks(gen, choices_of, chunk, include_usage, continuous):
+        yield event
