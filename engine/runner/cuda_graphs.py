@@ -66,11 +66,6 @@ class GraphedForward:
         return AttentionMetadata(self.slots[:b * self.q], self.block_tables[:b], self.qsl[:b + 1],
                                  self.seq_lens[:b], self.q, self.max_model_len)
 
-    def _run(self, b: int) -> torch.Tensor:
-        n = b * self.q
-        hidden = self.model(self.input_ids[:n], self.positions[:n], self._meta(b), self.kv)
-        return self.model.compute_logits(hidden)
-
     def _run_piece(self, b: int, lo: int, hi: int, carried: Optional[tuple]):
         """Layers lo..hi-1 on the static inputs: (hidden, residual) to carry on, or the logits
         after the last layer."""
@@ -85,7 +80,9 @@ class GraphedForward:
     def capture(self) -> None:
         t0 = time.monotonic()
         for b in reversed(self.buckets):
-            self._run(b)  # compile and warm up outside the graph
+            out = None
+            for lo, hi in self.pieces:  # compile and warm up outside the graph
+                out = self._run_piece(b, lo, hi, out)
             torch.cuda.synchronize()
             graphs, carried, out = [], [], None
             for lo, hi in self.pieces:
