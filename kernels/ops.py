@@ -59,9 +59,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens
                                            seq_lens, scale, max_query_len, max_seq_len)
 
 
-def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs):
+def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,
+                 probs_out=None):
+    """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor."""
     return _impl("sampling").sample_draft(logits, temperature, top_k, top_p, min_p, seeds,
-                                          positions, store_probs)
+                                          positions, store_probs, probs_out=probs_out)
 
 
 def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs,

@@ -164,12 +164,14 @@ def _masked_x(d: RowDist) -> torch.Tensor:
 
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
-                 positions: torch.Tensor, store_probs: bool
+                 positions: torch.Tensor, store_probs: bool,
+                 probs_out: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Sample one draft token per row from ``q = probs(z)`` with stream DRAFT.
 
     logits: [B, V]; temperature/top_p/min_p: [B] f32; top_k: [B] i32; seeds/positions: [B] i64.
-    Returns token ids [B] int64 and, if ``store_probs``, q [B, V] fp32 exactly as used.
+    Returns token ids [B] int64 and, if ``store_probs``, q [B, V] fp32 exactly as used (written
+    into ``probs_out`` when given).
     """
     dev = logits.device
     seeds, positions = seeds.to(dev), positions.to(dev)
@@ -179,6 +181,8 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     if not store_probs:
         return tok, None
     q = torch.where(d.greedy.unsqueeze(1), _one_hot(g, logits.shape[1]), d.probs)
+    if probs_out is not None:
+        q = probs_out.copy_(q)
     return tok, q
 
 

@@ -128,14 +128,19 @@ def _chunks_pad(vocab: int, block: int) -> int:
 
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
-                 positions: torch.Tensor, store_probs: bool, *, block: Optional[int] = None,
+                 positions: torch.Tensor, store_probs: bool, *,
+                 probs_out: Optional[torch.Tensor] = None, block: Optional[int] = None,
                  chunk: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``); see ref_sampling."""
+    """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``, in ``probs_out`` when
+    given); see ref_sampling."""
     logits = _rowwise(logits)
     b, vocab = logits.shape
     dev = logits.device
     tokens = torch.empty(b, dtype=torch.int64, device=dev)
-    q = torch.empty(b, vocab, dtype=torch.float32, device=dev) if store_probs else None
+    q = None
+    if store_probs:
+        q = torch.empty(b, vocab, dtype=torch.float32, device=dev) if probs_out is None else probs_out
+        assert q.shape == (b, vocab) and q.dtype == torch.float32 and q.is_contiguous()
     if b == 0:
         return tokens, q
     pl = plan(vocab, b, dev, block, chunk)

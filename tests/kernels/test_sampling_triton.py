@@ -136,6 +136,20 @@ else:
         else:
             assert q is None
 
+    def test_sample_draft_writes_q_into_a_given_slab() -> None:
+        """The draft program hands each pass a slab of its [k, B, V] buffer: both twins write q
+        there and return it."""
+        gen = torch.Generator().manual_seed(12)
+        z = torch.randn(len(MIX), 300, generator=gen) * 2
+        args = (*param_tensors(MIX), torch.arange(len(MIX)) * 7, torch.arange(len(MIX)))
+        for impl, kw in ((TS, dict(block=BLOCK, chunk=CHUNK)), (R, {})):
+            buf = torch.full((2, len(MIX), 300), -1.0)
+            tok, q = impl.sample_draft(z, *args, True, probs_out=buf[1], **kw)
+            want_tok, want_q = R.sample_draft(z, *args, True)
+            assert q.data_ptr() == buf[1].data_ptr() and torch.equal(tok, want_tok)
+            torch.testing.assert_close(buf[1], want_q, atol=1e-6, rtol=1e-5)
+            assert torch.all(buf[0] == -1.0)
+
     KS = [0, 3, 1, 4, 2, 3]
     PARAMS = [PARAM_SETS["t1"], GREEDY, PARAM_SETS["t0.6_topk4"], PARAM_SETS["t0.8_all"],
               PARAM_SETS["t1.4_topp0.8"], PARAM_SETS["t1_minp0.1"]]
