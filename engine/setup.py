@@ -13,6 +13,7 @@ import torch
 from engine.config import DEMO_MODEL, ConfigError, EngineConfig
 from engine.models.loader import load_model
 from engine.models.spec import ModelSpec, read_model_spec
+from engine.runner.draft_loop import DraftLoop
 from engine.runner.model_runner import ModelRunner
 from kernels.backend import set_backend, triton_available
 
@@ -117,6 +118,10 @@ def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * config.gpu_memory_utilization) - (total - free) - (1 << 30)
+        spec_cfg = config.speculative
+        if spec_cfg.enabled and spec_cfg.draft_sample_method == "sample":   # the draft loop's q
+            budget -= DraftLoop.probs_bytes(spec_cfg.num_speculative_tokens, config.max_num_seqs,
+                                            specs[0].vocab_size)
     else:
         needed = config.max_num_seqs * (max_model_len + config.block_size) * per_block // config.block_size
         budget = min(_CPU_DEFAULT_KV_BYTES, needed)

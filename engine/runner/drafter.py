@@ -2,10 +2,12 @@
 
 After the target verified last step's drafts, each request's draft KV is valid for
 ``num_draft_computed + min(accepted, num_draft_kv_ahead)`` committed tokens. The first draft pass
-feeds every request the committed tokens it has not seen (ragged: a prefill chunk, one token, or
-two when all drafts were accepted) and samples draft 1 from the last position; passes 2..k feed
-one token each. Draft j of a request is sampled with the RNG key of the output position it would
-occupy, so a seeded request drafts the same tokens whatever the batch or a preemption.
+feeds every request the committed tokens it has not seen, always at least two (one known token is
+re-fed when only one is new), and samples draft 1 from the last position; passes 2..k feed one
+token each. Normally all of it runs as one device program (draft_loop.py): tokens beyond the last
+two are fed first in a KV-only forward, together with the mid-prefill requests' chunks. Draft j
+of a request is sampled with the RNG key of the output position it would occupy, so a seeded
+request drafts the same tokens whatever the batch or a preemption.
 """
 
 from __future__ import annotations
@@ -17,30 +19,35 @@ import torch
 
 from engine.batch import RequestResult, ScheduledRequest
 from engine.request import Request
+from engine.runner.draft_loop import DraftLoop, LoopRow
 from engine.runner.inputs import ForwardItem
 from engine.runner.logits import RowContext, apply_processors, needs_processing
 from engine.runner.sampling_inputs import SamplingTensors
 from engine.runner.transfer import to_device
 from kernels import ops
 
-# forward(items, input_ids=None) -> logits [sum(num_logits), V_target] of the draft model
-DraftForward = Callable[[list[ForwardItem], Optional[torch.Tensor]], Optional[torch.Tensor]]
+# forward(items) -> logits [sum(num_logits), V_target] of the draft model (None: no logits rows)
+DraftForward = Callable[[list[ForwardItem]], Optional[torch.Tensor]]
 
 
 @dataclass
 class _Proposal:
     request: Request
     committed: list[int]          # token ids after this step's accepted tokens
+    valid: int                    # committed tokens whose draft KV is valid
     k: int                        # drafts to propose
     drafts: list[int] = field(default_factory=list)
-    probs: list[torch.Tensor] = field(default_factory=list)
+    probs: Optional[torch.Tensor] = None     # [k, V] fp32 when probabilities are stored
 
 
 def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult],
-            forward: DraftForward, num_spec: int, max_model_len: int, store_probs: bool,
-            greedy_drafts: bool, device: torch.device) -> None:
-    """Fill ``results`` with new drafts and the draft model's KV progress for every request."""
-    items: list[ForwardItem] = []
+            forward: DraftForward, loop: Optional[DraftLoop], num_spec: int, max_model_len: int,
+            store_probs: bool, greedy_drafts: bool, device: torch.device) -> None:
+    """Fill ``results`` with new drafts and the draft model's KV progress for every request.
+
+    Proposals run as the device program of ``loop`` unless a request's logits processors need
+    each pass's tokens on the host (then: one forward, sample and read per pass)."""
+    kv_only: list[ForwardItem] = []   # runs whose draft KV is needed but not their logits
     proposals: list[_Proposal] = []
     for s in scheduled:
         req = s.request
@@ -48,8 +55,8 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         if not s.samples:  # mid-prefill: keep the draft's KV level with the target's
             end = s.num_computed_before + s.num_new_tokens
             if end > req.num_draft_computed:
-                items.append(ForwardItem(req.token_ids[req.num_draft_computed:end],
-                                         req.num_draft_computed, req.block_ids, 0))
+                kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:end],
+                                           req.num_draft_computed, req.block_ids, 0))
             res.num_draft_computed = max(end, req.num_draft_computed)
             continue
         accepted = res.sampled
@@ -60,61 +67,71 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
             res.num_draft_computed = valid
             continue
         if len(committed) - valid == 1 and valid > 0:
-            valid -= 1  # re-feed one known token: every catch-up is 2 tokens, one CUDA graph serves all
-        items.append(ForwardItem(committed[valid:], valid, req.block_ids, 1))
-        proposals.append(_Proposal(req, committed, k))
-    logits = forward(items, None) if items else None
-    if proposals:
-        _draft_passes(proposals, logits, forward, store_probs, greedy_drafts, device)
+            valid -= 1  # re-feed one known token: every catch-up is 2 tokens, as the loop expects
+        proposals.append(_Proposal(req, committed, valid, k))
+    on_device = loop is not None and loop.fits(len(proposals)) and not any(
+        needs_processing(p.request) for p in proposals)
+    if on_device:
+        _device_passes(proposals, kv_only, forward, loop)
+    else:
+        _host_passes(proposals, kv_only, forward, store_probs, greedy_drafts, device)
     for p in proposals:
         res = results[p.request.request_id]
         res.new_drafts = p.drafts
-        res.new_draft_probs = torch.stack(p.probs) if p.probs else None   # [k, V]
+        res.new_draft_probs = p.probs
         res.num_draft_computed = len(p.committed)
         res.num_draft_kv_ahead = p.k - 1
 
 
-def _draft_passes(proposals: list[_Proposal], logits: torch.Tensor, forward: DraftForward,
-                  store_probs: bool, greedy_drafts: bool, device: torch.device) -> None:
-    """Passes 1..k. Drafts stay on the device between passes (fed back as the next input ids);
-    the host reads them once at the end, unless a request's logits processors need the tokens."""
-    host_each_pass = any(needs_processing(p.request) for p in proposals)
+def _device_passes(proposals: list[_Proposal], kv_only: list[ForwardItem], forward: DraftForward,
+                   loop: DraftLoop) -> None:
+    """Catch-ups longer than 2 tokens (the first proposal after a prefill) feed their head in the
+    KV-only forward; the loop then runs every proposal from its last two committed tokens."""
+    rows = []
+    for p in proposals:
+        n = len(p.committed)
+        assert n - p.valid >= 2, "the draft KV cannot be ahead of the committed tokens"
+        if n - p.valid > 2:
+            kv_only.append(ForwardItem(p.committed[p.valid:n - 2], p.valid, p.request.block_ids, 0))
+        rows.append(LoopRow(p.request, p.committed[n - 2:], n - 2, p.k, n - p.request.prompt_len))
+    if kv_only:
+        forward(kv_only)
+    if not rows:
+        return
+    drafts, probs = loop.run(rows)
+    for p, d, q in zip(proposals, drafts, probs):
+        p.drafts, p.probs = d, q
+
+
+def _host_passes(proposals: list[_Proposal], kv_only: list[ForwardItem], forward: DraftForward,
+                 store_probs: bool, greedy_drafts: bool, device: torch.device) -> None:
+    """Passes 1..k with a host read after each: logits processors need the drafts so far."""
+    items = kv_only + [ForwardItem(p.committed[p.valid:], p.valid, p.request.block_ids, 1)
+                       for p in proposals]
+    logits = forward(items) if items else None
+    if not proposals:
+        return
     max_k = max(p.k for p in proposals)
-    table = None if host_each_pass else torch.full((len(proposals), max_k), -1, dtype=torch.int64,
-                                                   device=device)  # [P, k]
     # sampling parameters of every proposal, copied once; pass j shifts the positions by j
     first_positions = [len(p.committed) - p.request.prompt_len for p in proposals]
     params = SamplingTensors.build([p.request for p in proposals], first_positions, device,
                                    force_greedy=greedy_drafts)
-    prev: Optional[torch.Tensor] = None
-    prev_rows: list[int] = []
+    probs_of: list[list[torch.Tensor]] = [[] for _ in proposals]
     for j in range(max_k):
         rows = [i for i, p in enumerate(proposals) if p.k > j]
         active = [proposals[i] for i in rows]
         st = params if len(rows) == len(proposals) else params.rows(to_device(rows, torch.int64, device))
         if j > 0:
-            items = [ForwardItem([p.drafts[-1] if host_each_pass else 0], len(p.committed) + j - 1,
-                                 p.request.block_ids, 1) for p in active]
-            ids = None
-            if not host_each_pass:
-                ids = prev if rows == prev_rows else prev[to_device(
-                    [prev_rows.index(i) for i in rows], torch.int64, device)]
-            logits = forward(items, ids)
+            logits = forward([ForwardItem([p.drafts[-1]], len(p.committed) + j - 1,
+                                          p.request.block_ids, 1) for p in active])
         tokens, probs = _sample_pass(active, logits, st.shifted(j), store_probs)
-        if host_each_pass:
-            for p, tok in zip(active, tokens.tolist()):
-                p.drafts.append(tok)
-        elif len(rows) == len(proposals):
-            table[:, j] = tokens
-        else:
-            table[to_device(rows, torch.int64, device), j] = tokens
-        if store_probs:
-            for i, p in enumerate(active):
-                p.probs.append(probs[i])
-        prev, prev_rows = tokens, rows
-    if not host_each_pass:
-        for p, row in zip(proposals, table.tolist()):  # the draft's one host read of the step
-            p.drafts = row[:p.k]
+        for a, (i, tok) in enumerate(zip(rows, tokens.tolist())):
+            proposals[i].drafts.append(tok)
+            if store_probs:
+                probs_of[i].append(probs[a])
+    if store_probs:
+        for p, q in zip(proposals, probs_of):
+            p.probs = torch.stack(q)
 
 
 def _sample_pass(active: list[_Proposal], logits: torch.Tensor, st: SamplingTensors,

@@ -17,6 +17,7 @@ from engine.batch import ModelRunnerOutput, SchedulerOutput
 from engine.models.llama import KVCache, LlamaFamilyModel
 from engine.models.spec import ModelSpec
 from engine.runner.cuda_graphs import GraphedForward
+from engine.runner.draft_loop import DraftLoop, fit_vocab
 from engine.runner.drafter import propose
 from engine.runner.inputs import ForwardItem, build_inputs
 from engine.runner.verifier import verify
@@ -48,8 +49,14 @@ class ModelRunner:
         self.target_kv = allocate_kv(target.spec, num_blocks, block_size, dtype, device)
         self.draft_kv = allocate_kv(draft.spec, num_blocks, block_size, dtype, device) if draft else []
         self.graphs: dict[tuple[str, int], GraphedForward] = {}
+        max_blocks = min(num_blocks, -(-(max_model_len + self.num_spec + 1) // block_size))
+        self.draft_loop: Optional[DraftLoop] = None
+        if self.num_spec:
+            self.draft_loop = DraftLoop(draft, self.draft_kv, self.num_spec, self.vocab_size,
+                                        max_num_seqs, max_blocks, max_model_len, block_size,
+                                        self.store_draft_probs, not self.store_draft_probs, device)
         if device.type == "cuda" and not enforce_eager:
-            self._capture_graphs(max_num_seqs, num_blocks)
+            self._capture_graphs(max_num_seqs, max_blocks)
         if device.type == "cuda":
             self._warm_up_sampling(max_num_seqs, dtype)
 
@@ -62,18 +69,18 @@ class ModelRunner:
         if calls:
             log.info("warmed up %d sampling kernel variants in %.1fs", calls, time.monotonic() - t0)
 
-    def _capture_graphs(self, max_num_seqs: int, num_blocks: int) -> None:
-        max_blocks = min(num_blocks, -(-(self.max_model_len + self.num_spec + 1) // self.block_size))
+    def _capture_graphs(self, max_num_seqs: int, max_blocks: int) -> None:
         plan = [("target", self.target, self.target_kv, 1)]
         if self.num_spec:
             plan += [("target", self.target, self.target_kv, self.num_spec + 1),
-                     ("draft", self.draft, self.draft_kv, 1),    # proposal passes 2..k
-                     ("draft", self.draft, self.draft_kv, 2)]    # catch-up + first proposal
+                     ("draft", self.draft, self.draft_kv, 1)]   # passes with logits processors
         for name, model, kv, q in plan:
             g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
                                self.block_size, self.device)
             g.capture()
             self.graphs[(name, q)] = g
+        if self.draft_loop is not None:
+            self.draft_loop.capture()
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -90,21 +97,20 @@ class ModelRunner:
             results = verify(sampling, logits, self.rejection_method,
                              self.store_draft_probs and self.num_spec > 0, self.device)
         if self.draft is not None and self.num_spec > 0:
-            propose(so.scheduled, results, self._draft_forward, self.num_spec, self.max_model_len,
-                    self.store_draft_probs, not self.store_draft_probs, self.device)
+            propose(so.scheduled, results, self._draft_forward, self.draft_loop, self.num_spec,
+                    self.max_model_len, self.store_draft_probs, not self.store_draft_probs,
+                    self.device)
         return ModelRunnerOutput(results)
 
-    def _forward(self, which: str, items: list[ForwardItem],
-                 input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """Logits [sum(num_logits), V] for ``items``; ``input_ids`` (device) overrides their tokens."""
+    def _forward(self, which: str, items: list[ForwardItem]) -> Optional[torch.Tensor]:
+        """Logits [sum(num_logits), V] for ``items`` (None when no item wants logits)."""
         graph = self._graph_for(which, items)
         if graph is not None:
-            return graph.run(items, input_ids)
+            return graph.run(items)
         model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
         bound = self.max_model_len if self.device.type == "cuda" else None
         inputs = build_inputs(items, self.block_size, self.device, bound)
-        ids = inputs.input_ids if input_ids is None else input_ids
-        hidden = model(ids, inputs.positions, inputs.meta, kv)
+        hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel() == 0:
             return None
         return model.compute_logits(hidden[inputs.logits_indices])   # [rows, V]
@@ -120,15 +126,6 @@ class ModelRunner:
                 return graph if graph.fits(items) else None
         return None
 
-    def _draft_forward(self, items: list[ForwardItem],
-                       input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        logits = self._forward("draft", items, input_ids)
-        if logits is None:
-            return None
-        vocab = self.vocab_size
-        if logits.shape[1] > vocab:        # draft vocab padded wider than the target's
-            logits = logits[:, :vocab].contiguous()
-        elif logits.shape[1] < vocab:      # narrower: the missing ids are padding, never drafted
-            pad = logits.new_full((logits.shape[0], vocab - logits.shape[1]), float("-inf"))
-            logits = torch.cat([logits, pad], dim=1)
-        return logits
+    def _draft_forward(self, items: list[ForwardItem]) -> Optional[torch.Tensor]:
+        logits = self._forward("draft", items)
+        return None if logits is None else fit_vocab(logits, self.vocab_size)

@@ -11,6 +11,16 @@ from engine.request import Request
 from engine.runner.transfer import to_device
 
 
+def host_fields(reqs: list[Request], positions: list[int],
+                force_greedy: bool = False) -> tuple[list[list[float]], list[list[int]]]:
+    """The fields as host rows: fp32 [temperature, top_p, min_p] and int64 [top_k, seed,
+    position], each a list over ``reqs`` (temperature 0 everywhere when ``force_greedy``)."""
+    temps = [0.0 if force_greedy else r.params.temperature for r in reqs]
+    floats = [temps, [r.params.top_p for r in reqs], [r.params.min_p for r in reqs]]
+    ints = [[r.params.top_k for r in reqs], [r.seed for r in reqs], list(positions)]
+    return floats, ints
+
+
 @dataclass
 class SamplingTensors:
     temperature: torch.Tensor   # [B] fp32, 0 = greedy
@@ -24,11 +34,9 @@ class SamplingTensors:
     def build(reqs: list[Request], positions: list[int], device: torch.device,
               force_greedy: bool = False) -> "SamplingTensors":
         """Two host-to-device copies (the fp32 fields, the integer fields), rows viewed out."""
-        temps = [0.0 if force_greedy else r.params.temperature for r in reqs]
-        floats = to_device([temps, [r.params.top_p for r in reqs], [r.params.min_p for r in reqs]],
-                           torch.float32, device)                                  # [3, B]
-        ints = to_device([[r.params.top_k for r in reqs], [r.seed for r in reqs], positions],
-                         torch.int64, device)                                      # [3, B]
+        float_rows, int_rows = host_fields(reqs, positions, force_greedy)
+        floats = to_device(float_rows, torch.float32, device)                     # [3, B]
+        ints = to_device(int_rows, torch.int64, device)                           # [3, B]
         return SamplingTensors(temperature=floats[0], top_k=ints[0], top_p=floats[1],
                                min_p=floats[2], seeds=ints[1], positions=ints[2])
 

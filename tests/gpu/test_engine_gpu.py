@@ -84,6 +84,44 @@ def test_cuda_graphs_give_the_same_greedy_tokens_as_eager(real_shapes, spec):
     assert graphed == eager
 
 
+def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes):
+    """Every proposal of a sampled batch runs twice from the same draft KV: replayed as CUDA
+    graphs and run eagerly; drafts, probabilities and the KV written must be identical."""
+    target, draft = real_shapes
+    llm = LLM(target, draft_model=draft, num_speculative_tokens=4, load_format="dummy",
+              device="cuda", num_kv_blocks=512, max_num_seqs=16)
+    runner = llm.core.runner
+    loop, kv = runner.draft_loop, runner.draft_kv
+    assert loop.graphs, "the draft program was not captured"
+    run, checked = loop.run, [0]
+
+    def both(rows):
+        before = [(k.clone(), v.clone()) for k, v in kv]
+        graphed = run(rows)
+        after = [(k.clone(), v.clone()) for k, v in kv]
+        for (k, v), (k0, v0) in zip(kv, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        graphs, loop.graphs = loop.graphs, {}
+        try:
+            eager = run(rows)
+        finally:
+            loop.graphs = graphs
+        assert graphed[0] == eager[0]
+        assert all(torch.equal(a, b) for a, b in zip(graphed[1], eager[1]))
+        assert all(torch.equal(k, k1) and torch.equal(v, v1) for (k, v), (k1, v1) in zip(kv, after))
+        checked[0] += 1
+        return graphed
+
+    loop.run = both
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=6 + 3 * i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    llm.generate(PROMPTS, params)
+    llm.core.kv.pool.check_all_free()
+    _free(llm)
+    assert checked[0] > 5
+
+
 def _divergence(a: list[int], b: list[int]):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 

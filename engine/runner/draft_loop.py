@@ -1,0 +1,218 @@
+"""The draft's k proposal passes as one device program, replayed as CUDA graphs.
+
+Input per request: its last two committed tokens, their position, how many drafts it takes
+(``num_drafts``, at most k), its block table and sampling parameters. The program runs the
+2-token catch-up pass and samples draft 1, then k - 1 one-token passes, each fed the tokens the
+previous pass sampled. Positions, KV slots, sequence lengths and next inputs are computed on the
+device, so the host copies the inputs once, launches the program and reads the [B, k] draft
+table once: no Python round trip per pass. A request taking fewer than k drafts (near its
+max_tokens or the context end) rides along: its surplus passes write no KV, attend to one
+position and their tokens are dropped. Padding rows (up to the batch bucket) take 0 drafts.
+
+On CUDA the program is captured per batch bucket as k + 1 graphs: the catch-up pass split after
+its first layers (the GPU starts while the host launches the rest, see cuda_graphs.py), then one
+graph per pass. Elsewhere (CPU, ``--enforce-eager``) the same code runs eagerly, padded to the
+same buckets, so the CPU tests run exactly what the graphs capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
+from engine.request import Request
+from engine.runner.cuda_graphs import BUCKETS, first_piece_layers
+from engine.runner.sampling_inputs import host_fields
+from engine.runner.transfer import host_buffer
+from kernels import ops
+
+log = logging.getLogger("specserve.runner")
+
+# rows of the int64 input buffer [7, max_batch]
+_ID0, _ID1, _START, _NUM_DRAFTS, _TOP_K, _SEED, _POSITION = range(7)
+# rows of the fp32 input buffer [3, max_batch]
+_TEMPERATURE, _TOP_P, _MIN_P = range(3)
+
+
+@dataclass
+class LoopRow:
+    """One request's proposal."""
+
+    request: Request
+    last_two: list[int]      # the last two committed tokens (the catch-up pass feeds them)
+    start: int               # absolute position of last_two[0]
+    num_drafts: int          # drafts to propose, 1..k
+    position: int            # output index draft 1 will occupy (its RNG key)
+
+
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits [M, V_draft] -> [M, vocab]: a wider (padded) draft vocabulary is cut, a
+    narrower one is padded with -inf (ids the draft cannot produce are never drafted)."""
+    if logits.shape[1] > vocab:
+        return logits[:, :vocab].contiguous()
+    if logits.shape[1] < vocab:
+        pad = logits.new_full((logits.shape[0], vocab - logits.shape[1]), float("-inf"))
+        return torch.cat([logits, pad], dim=1)
+    return logits
+
+
+class DraftLoop:
+    """Static buffers and (on CUDA) the captured graphs of the proposal program."""
+
+    def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], num_spec: int, vocab: int,
+                 max_batch: int, max_blocks: int, max_model_len: int, block_size: int,
+                 store_probs: bool, greedy: bool, device: torch.device):
+        self.model, self.kv, self.k, self.vocab = model, kv, num_spec, vocab
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.store_probs, self.greedy, self.device = store_probs, greedy, device
+        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        bmax = self.buckets[-1]
+        self.ints = torch.zeros((7, bmax), dtype=torch.int64, device=device)
+        self.floats = torch.ones((3, bmax), dtype=torch.float32, device=device)
+        self.block_tables = torch.zeros((bmax, max_blocks), dtype=torch.int32, device=device)
+        self.tokens = torch.zeros((bmax, num_spec), dtype=torch.int64, device=device)   # [B, k]
+        # [k, B, V]: pass j writes the contiguous slab probs[j, :b]
+        self.probs = (torch.zeros((num_spec, bmax, vocab), dtype=torch.float32, device=device)
+                      if store_probs else None)
+        self.qsl = torch.arange(0, 2 * (bmax + 1), dtype=torch.int32, device=device)  # step 1 or 2
+        layers = model.spec.num_layers
+        self.head_layers = min(first_piece_layers(layers), layers)
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self._kept: dict[int, list] = {}   # tensors the captured pieces hand to each other
+        self._pool = None
+
+    @staticmethod
+    def probs_bytes(num_spec: int, max_batch: int, vocab: int) -> int:
+        """Device memory of the draft-probability buffer (sized at start-up with the KV cache)."""
+        bmax = ([b for b in BUCKETS if b <= max_batch] or [1])[-1]
+        return num_spec * bmax * vocab * 4
+
+    # ---- the program -------------------------------------------------------------------------
+    def _slots(self, b: int, pos: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """KV slot of each position ``pos [b, n]`` in its row's blocks; -1 where not ``active``."""
+        bs, width = self.block_size, self.block_tables.shape[1]
+        col = torch.clamp(pos // bs, max=width - 1)
+        block = torch.gather(self.block_tables[:b].long(), 1, col)
+        return torch.where(active, block * bs + pos % bs, -1).reshape(-1)
+
+    def _catch_up_head(self, b: int) -> tuple:
+        """First layers of the 2-token pass over every row's last two committed tokens."""
+        ints = self.ints
+        start = ints[_START, :b]
+        pos = start.unsqueeze(1) + torch.arange(2, device=self.device)           # [b, 2]
+        slots = self._slots(b, pos, (ints[_NUM_DRAFTS, :b] > 0).unsqueeze(1))
+        meta = AttentionMetadata(slots, self.block_tables[:b], self.qsl[:b + 1] * 2,
+                                 (start + 2).to(torch.int32), 2, self.max_model_len)
+        ids = ints[_ID0:_ID1 + 1, :b].t().reshape(-1)                              # [2b]
+        positions = pos.reshape(-1)
+        x, residual = self.model.run_layers(self.model.embed_tokens(ids), None, positions, meta,
+                                            self.kv, 0, self.head_layers)
+        return x, residual, positions, meta
+
+    def _catch_up_tail(self, b: int, carried: tuple) -> None:
+        """The remaining layers of the catch-up pass, then draft 1 from each row's last position."""
+        x, residual, positions, meta = carried
+        model = self.model
+        x, residual = model.run_layers(x, residual, positions, meta, self.kv, self.head_layers,
+                                       model.spec.num_layers)
+        x, residual = x[1::2].contiguous(), residual[1::2].contiguous()           # row r: 2r + 1
+        self._sample(b, 0, model.compute_logits(model.final_norm(x, residual)))
+
+    def _pass(self, b: int, j: int) -> None:
+        """Pass j (1..k-1): feed draft j at its position, sample draft j + 1."""
+        ints, model = self.ints, self.model
+        active = ints[_NUM_DRAFTS, :b] > j                                          # [b]
+        pos = ints[_START, :b] + 1 + j
+        slots = self._slots(b, pos.unsqueeze(1), active.unsqueeze(1))
+        seq_lens = torch.where(active, pos + 1, 1).to(torch.int32)
+        meta = AttentionMetadata(slots, self.block_tables[:b], self.qsl[:b + 1], seq_lens, 1,
+                                 self.max_model_len)
+        ids = self.tokens[:b, j - 1].contiguous()
+        x, residual = model.run_layers(model.embed_tokens(ids), None, torch.where(active, pos, 0),
+                                       meta, self.kv, 0, model.spec.num_layers)
+        self._sample(b, j, model.compute_logits(model.final_norm(x, residual)))
+
+    def _sample(self, b: int, j: int, logits: torch.Tensor) -> None:
+        f, i = self.floats, self.ints
+        out = self.probs[j, :b] if self.probs is not None else None
+        tokens, _ = ops.sample_draft(fit_vocab(logits, self.vocab), f[_TEMPERATURE, :b],
+                                     i[_TOP_K, :b], f[_TOP_P, :b], f[_MIN_P, :b], i[_SEED, :b],
+                                     i[_POSITION, :b] + j, self.store_probs, probs_out=out)
+        self.tokens[:b, j].copy_(tokens)
+
+    def _pieces(self, b: int) -> tuple[list, list]:
+        """The program for bucket ``b`` as callables, each the body of one graph, and the list
+        through which the catch-up's two pieces hand over their state."""
+        carried: list = []
+        pieces = [lambda: carried.append(self._catch_up_head(b)),
+                  lambda: self._catch_up_tail(b, carried[-1])]
+        pieces += [lambda j=j: self._pass(b, j) for j in range(1, self.k)]
+        return pieces, carried
+
+    # ---- capture and run ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        t0 = time.monotonic()
+        for b in reversed(self.buckets):
+            pieces, carried = self._pieces(b)
+            for piece in pieces:            # compile and warm up outside the graph
+                piece()
+            torch.cuda.synchronize()
+            carried.clear()
+            graphs = []
+            for piece in pieces:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    piece()
+                if self._pool is None:
+                    self._pool = graph.pool()
+                graphs.append(graph)
+            self.graphs[b], self._kept[b] = graphs, carried
+        torch.cuda.synchronize()
+        log.info("captured the draft's proposal program (%d graphs each, k=%d) for %d batch buckets "
+                 "<= %d in %.1fs", self.k + 1, self.k, len(self.graphs), self.buckets[-1],
+                 time.monotonic() - t0)
+
+    def fits(self, num_rows: int) -> bool:
+        return 0 < num_rows <= self.buckets[-1]
+
+    @torch.inference_mode()
+    def run(self, rows: list[LoopRow]) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+        """Drafts of each row (``num_drafts`` tokens) and, when probabilities are stored, each
+        row's q as a [num_drafts, V] fp32 tensor of its own."""
+        n = len(rows)
+        b = next(x for x in self.buckets if x >= n)
+        dev = self.device
+        ints = host_buffer((7, b), torch.int64, dev)
+        floats = host_buffer((3, b), torch.float32, dev)
+        tables = host_buffer((b, self.block_tables.shape[1]), torch.int32, dev)
+        fl, it = host_fields([r.request for r in rows], [r.position for r in rows], self.greedy)
+        floats[:, :n] = torch.tensor(fl, dtype=torch.float32)
+        floats[:, n:] = 1.0
+        ints[_TOP_K:, :n] = torch.tensor(it, dtype=torch.int64)
+        ints[:_TOP_K, :n] = torch.tensor([[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
+                                          [r.start for r in rows], [r.num_drafts for r in rows]],
+                                         dtype=torch.int64)
+        for r, row in enumerate(rows):
+            blocks = row.request.block_ids
+            tables[r, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        self.ints[:, :b].copy_(ints, non_blocking=True)
+        self.floats[:, :b].copy_(floats, non_blocking=True)
+        self.block_tables[:b].copy_(tables, non_blocking=True)
+        if b in self.graphs:
+            for graph in self.graphs[b]:
+                graph.replay()
+        else:
+            for piece in self._pieces(b)[0]:
+                piece()
+        table = self.tokens[:n].tolist()   # the draft's one host read of the step
+        drafts = [t[:r.num_drafts] for t, r in zip(table, rows)]
+        if self.probs is None:
+            return drafts, [None] * n
+        # copies of their own: the next run overwrites the buffer
+        return drafts, [self.probs[:r.num_drafts, i].clone() for i, r in enumerate(rows)]
