@@ -8,14 +8,21 @@
   an eager launch without saying so.
 * draft step: one draft forward over 1 token, against the draft's own roofline
   (draft bytes per step / bandwidth). A launch-bound draft shows up here as a large ratio.
+* draft program: what a step really runs to propose k drafts for one request: the catch-up
+  pass, k - 1 one-token passes and k samplings as one device program (CUDA graphs), from host
+  inputs to the host's read of the drafts; per draft token against the same roofline.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from benchmarks.engines import time_forward, weight_bytes
+from benchmarks.engines import forward_items, time_forward, weight_bytes
+from benchmarks.timing import median, time_calls
 from engine.core import EngineCore
+from engine.request import Request
+from engine.runner.draft_loop import LoopRow
+from engine.types import SamplingParams
 
 
 def verify_costs(core: EngineCore, ks: Sequence[int], context: int, warmup: int,
@@ -44,3 +51,24 @@ def draft_cost(core: EngineCore, bandwidth_bytes_per_s: float, context: int, war
     return {**wb, "context": context, "draft_step_seconds": td.seconds, "draft_graph": td.graph,
             "roofline_step_seconds": roof_s, "ratio_to_roofline": td.seconds / roof_s,
             "target_step_seconds": tt.seconds, "c": td.seconds / tt.seconds}
+
+
+def draft_program_cost(core: EngineCore, bandwidth_bytes_per_s: float, context: int, warmup: int,
+                       repeats: int) -> dict:
+    """The proposal program (draft_loop.py) for one sampled request after ``context`` tokens."""
+    runner = core.runner
+    loop = runner.draft_loop
+    if loop is None:
+        raise ValueError("this engine has no draft model")
+    k = loop.k
+    item = forward_items(1, 2, context, runner.block_size, core.info.num_kv_blocks,
+                         runner.vocab_size)[0]
+    req = Request("bench-draft", item.token_ids * (context // 2 + 1), SamplingParams(temperature=1.0),
+                  seed=0, eos_token_ids=(), max_tokens=k + 1, arrival=0.0)
+    req.block_ids = item.block_ids
+    row = LoopRow(req, item.token_ids, context, k, 1)
+    secs = median(time_calls(lambda: loop.run([row]), runner.device, warmup, repeats))
+    roof_s = weight_bytes(runner.draft)["bytes_per_decode_step"] / bandwidth_bytes_per_s
+    return {"k": k, "context": context, "program_seconds": secs, "per_draft_seconds": secs / k,
+            "roofline_step_seconds": roof_s, "ratio_to_roofline": secs / k / roof_s,
+            "graph": bool(loop.graphs)}

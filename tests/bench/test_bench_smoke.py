@@ -86,7 +86,7 @@ def test_verify_rows_and_goal(bench_run):
     ks = [r["k"] for r in s["data"]["target"]["verify"]]
     assert ks == [2, 4, 8]
     goal_rows = [r for r in s["rows"] if r.get("goal")]
-    assert len(goal_rows) == 2                    # verify at k = 4, draft vs its roofline
+    assert len(goal_rows) == 3        # verify at k = 4; one draft forward and the draft program vs the roofline
     for r in goal_rows:
         assert r["status"] == "met" if r["ratio"] <= float(r["goal"].split()[1].rstrip("x")) \
             else r["status"].startswith("missed: ")
@@ -94,6 +94,9 @@ def test_verify_rows_and_goal(bench_run):
     assert draft["ratio_to_roofline"] == pytest.approx(
         draft["draft_step_seconds"] / draft["roofline_step_seconds"], rel=1e-9)
     assert draft["bytes_per_decode_step"] == draft["parameter_bytes"]   # tied draft: LM head = embedding
+    program = s["data"]["draft_program"]
+    assert program["per_draft_seconds"] == pytest.approx(program["program_seconds"] / program["k"])
+    assert program["roofline_step_seconds"] == draft["roofline_step_seconds"]
 
 
 def test_e2e_exactness_acceptance_and_formula(bench_run):
