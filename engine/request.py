@@ -84,12 +84,15 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
+    def draft_room(self, max_model_len: int) -> int:
+        """Drafts that would still fit before max_tokens and the context end, counted before any
+        new token is committed (may be negative)."""
+        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens) - 1
+
     def spec_budget(self, k: int, max_model_len: int, num_new: int = 0) -> int:
         """How many drafts this request may still take once ``num_new`` more tokens are committed:
         K shrinks near max_tokens and the context end."""
-        remaining_out = self.max_tokens - (self.num_output_tokens + num_new) - 1
-        remaining_ctx = max_model_len - (self.num_tokens + num_new) - 1
-        return max(0, min(k, remaining_out, remaining_ctx))
+        return max(0, min(k, self.draft_room(max_model_len) - num_new))
 
     def clear_drafts(self) -> None:
         self.draft_token_ids = []

@@ -9,6 +9,12 @@ table once: no Python round trip per pass. A request taking fewer than k drafts 
 max_tokens or the context end) rides along: its surplus passes write no KV, attend to one
 position and their tokens are dropped. Padding rows (up to the batch bucket) take 0 drafts.
 
+Two ways in. ``run`` takes the inputs from the host (after the sampled tokens were read).
+``launch_chained`` starts straight behind the rejection sampler: the host loads what it knows
+before verification (last token, length, draft room) and a few device ops add what the sampler
+accepted (the catch-up tokens, their position, the drafts still allowed), so the step reads the
+host once, for the sampled tokens and the drafts together.
+
 On CUDA the program is captured per batch bucket as k + 1 graphs: the catch-up pass split after
 its first layers (the GPU starts while the host launches the rest, see cuda_graphs.py), then one
 graph per pass. Elsewhere (CPU, ``--enforce-eager``) the same code runs eagerly, padded to the
@@ -186,33 +192,71 @@ class DraftLoop:
         """Drafts of each row (``num_drafts`` tokens) and, when probabilities are stored, each
         row's q as a [num_drafts, V] fp32 tensor of its own."""
         n = len(rows)
+        lead = [[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
+                [r.start for r in rows], [r.num_drafts for r in rows]]
+        b = self._load([r.request for r in rows], [r.position for r in rows], lead)
+        self._launch(b)
+        table = self.tokens[:n].tolist()   # the draft's one host read of the step
+        return self.collect(table, [r.num_drafts for r in rows])
+
+    @torch.inference_mode()
+    def launch_chained(self, requests: list[Request], verified: torch.Tensor,
+                       max_model_len: int) -> None:
+        """Start the program from a verification whose output ``verified`` [B, w] (accepted
+        drafts, then one recovered or bonus token, -1 padding; row i is ``requests[i]``) is still
+        on the device. Each request must be in step with the draft: whatever it accepts, its
+        catch-up is the last two committed tokens. The caller reads ``tokens[:B]`` together with
+        ``verified``, then calls :meth:`collect` with ``spec_budget`` drafts per row."""
+        n = len(requests)
+        # host values before this step's tokens; the device adds what verification accepted
+        lead = [[r.token_ids[-1] for r in requests], [0] * n, [r.num_tokens for r in requests],
+                [r.draft_room(max_model_len) for r in requests]]
+        b = self._load(requests, [r.num_output_tokens for r in requests], lead)
+        ints = self.ints
+        new = (verified >= 0).sum(1)                                        # [B] tokens committed
+        ext = torch.cat([ints[_ID0, :n].unsqueeze(1), verified], 1)         # [B, 1 + w]
+        ints[_ID0:_ID1 + 1, :n] = torch.cat([ext.gather(1, (new - 1).unsqueeze(1)),
+                                             ext.gather(1, new.unsqueeze(1))], 1).t()
+        ints[_START, :n] += new - 2
+        ints[_NUM_DRAFTS, :n] = torch.clamp(ints[_NUM_DRAFTS, :n] - new, 0, self.k)
+        ints[_POSITION, :n] += new
+        self._launch(b)
+
+    def collect(self, table: list[list[int]], num_drafts: list[int]
+                ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+        """Each row's first ``num_drafts`` drafts from the read ``table`` and, when probabilities
+        are stored, their q [num_drafts, V] as tensors of their own (the next run overwrites the
+        buffer)."""
+        drafts = [t[:k] for t, k in zip(table, num_drafts)]
+        if self.probs is None:
+            return drafts, [None] * len(drafts)
+        return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(num_drafts)]
+
+    def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]]) -> int:
+        """Copy the host inputs (the four leading int rows, sampling fields, block tables) into
+        the static buffers; returns the batch bucket."""
+        n = len(requests)
         b = next(x for x in self.buckets if x >= n)
         dev = self.device
         ints = host_buffer((7, b), torch.int64, dev)
         floats = host_buffer((3, b), torch.float32, dev)
         tables = host_buffer((b, self.block_tables.shape[1]), torch.int32, dev)
-        fl, it = host_fields([r.request for r in rows], [r.position for r in rows], self.greedy)
+        fl, it = host_fields(requests, positions, self.greedy)
         floats[:, :n] = torch.tensor(fl, dtype=torch.float32)
         floats[:, n:] = 1.0
         ints[_TOP_K:, :n] = torch.tensor(it, dtype=torch.int64)
-        ints[:_TOP_K, :n] = torch.tensor([[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
-                                          [r.start for r in rows], [r.num_drafts for r in rows]],
-                                         dtype=torch.int64)
-        for r, row in enumerate(rows):
-            blocks = row.request.block_ids
-            tables[r, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        ints[:_TOP_K, :n] = torch.tensor(lead, dtype=torch.int64)
+        for r, req in enumerate(requests):
+            tables[r, :len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
         self.ints[:, :b].copy_(ints, non_blocking=True)
         self.floats[:, :b].copy_(floats, non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)
+        return b
+
+    def _launch(self, b: int) -> None:
         if b in self.graphs:
             for graph in self.graphs[b]:
                 graph.replay()
         else:
             for piece in self._pieces(b)[0]:
                 piece()
-        table = self.tokens[:n].tolist()   # the draft's one host read of the step
-        drafts = [t[:r.num_drafts] for t, r in zip(table, rows)]
-        if self.probs is None:
-            return drafts, [None] * n
-        # copies of their own: the next run overwrites the buffer
-        return drafts, [self.probs[:r.num_drafts, i].clone() for i, r in enumerate(rows)]

@@ -52,12 +52,8 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
     for s in scheduled:
         req = s.request
         res = results.setdefault(req.request_id, RequestResult())
-        if not s.samples:  # mid-prefill: keep the draft's KV level with the target's
-            end = s.num_computed_before + s.num_new_tokens
-            if end > req.num_draft_computed:
-                kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:end],
-                                           req.num_draft_computed, req.block_ids, 0))
-            res.num_draft_computed = max(end, req.num_draft_computed)
+        if not s.samples:
+            _keep_level(s, res, kv_only)
             continue
         accepted = res.sampled
         valid = req.num_draft_computed + min(len(accepted) - 1, req.num_draft_kv_ahead)
@@ -83,6 +79,81 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         res.num_draft_kv_ahead = p.k - 1
 
 
+def _keep_level(s: ScheduledRequest, res: RequestResult, kv_only: list[ForwardItem]) -> None:
+    """A request still prefilling: keep the draft's KV level with the target's."""
+    req = s.request
+    end = s.num_computed_before + s.num_new_tokens
+    if end > req.num_draft_computed:
+        kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:end],
+                                   req.num_draft_computed, req.block_ids, 0))
+    res.num_draft_computed = max(end, req.num_draft_computed)
+
+
+# ---- proposals chained to the verification on the device -----------------------------------
+def can_chain(sampling: list[ScheduledRequest], loop: Optional[DraftLoop]) -> bool:
+    """Whether the draft program can start from the verification output before the host reads
+    it, so that one read brings both the sampled tokens and the new drafts. Every sampling
+    request must know its catch-up without the accepted tokens: its draft KV covers all
+    committed tokens, or it verifies no drafts (one new token; a first proposal after a
+    prefill). Logits processors need the host between passes."""
+    if loop is None or not loop.fits(len(sampling)):
+        return False
+    for s in sampling:
+        req = s.request
+        in_step = (req.num_draft_computed == req.num_tokens
+                   and s.num_drafts <= req.num_draft_kv_ahead + 1)
+        fresh = s.num_drafts == 0 and req.num_draft_computed < req.num_tokens
+        if needs_processing(req) or not (in_step or fresh):
+            return False
+    return True
+
+
+def chain(scheduled: list[ScheduledRequest], verified: torch.Tensor, forward: DraftForward,
+          loop: DraftLoop, max_model_len: int) -> dict[str, RequestResult]:
+    """Launch this step's draft work behind the verification (``verified`` [B, w] on the
+    device, rows in the order of the sampling requests); returns the results of the requests
+    still prefilling. Committed tokens beyond the catch-up (known before verification) are fed
+    first, in a KV-only forward with the prefill chunks."""
+    results: dict[str, RequestResult] = {}
+    kv_only: list[ForwardItem] = []
+    sampling: list[Request] = []
+    for s in scheduled:
+        req = s.request
+        if not s.samples:
+            _keep_level(s, results.setdefault(req.request_id, RequestResult()), kv_only)
+            continue
+        if req.num_draft_computed < req.num_tokens - 1:
+            kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:req.num_tokens - 1],
+                                       req.num_draft_computed, req.block_ids, 0))
+        sampling.append(req)
+    if kv_only:
+        forward(kv_only)
+    loop.launch_chained(sampling, verified, max_model_len)
+    return results
+
+
+def finish_chained(sampling: list[ScheduledRequest], results: dict[str, RequestResult],
+                   table: list[list[int]], loop: DraftLoop, num_spec: int,
+                   max_model_len: int) -> None:
+    """Fill in the drafts of a chained step once ``table`` (the program's [B, k] tokens) and the
+    sampled tokens in ``results`` have been read; the program proposed ``spec_budget`` drafts
+    per request, computed on the device from the same numbers."""
+    ks = [s.request.spec_budget(num_spec, max_model_len, len(results[s.request.request_id].sampled))
+          for s in sampling]
+    drafts, probs = loop.collect(table, ks)
+    for s, k, d, q in zip(sampling, ks, drafts, probs):
+        req = s.request
+        res = results[req.request_id]
+        n = len(res.sampled)
+        if k == 0:
+            res.num_draft_computed = req.num_draft_computed + min(n - 1, req.num_draft_kv_ahead)
+            continue
+        res.new_drafts, res.new_draft_probs = d, q
+        res.num_draft_computed = req.num_tokens + n
+        res.num_draft_kv_ahead = k - 1
+
+
+# ---- proposals after the host read -----------------------------------------------------------
 def _device_passes(proposals: list[_Proposal], kv_only: list[ForwardItem], forward: DraftForward,
                    loop: DraftLoop) -> None:
     """Catch-ups longer than 2 tokens (the first proposal after a prefill) feed their head in the

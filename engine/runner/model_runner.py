@@ -18,9 +18,9 @@ from engine.models.llama import KVCache, LlamaFamilyModel
 from engine.models.spec import ModelSpec
 from engine.runner.cuda_graphs import GraphedForward
 from engine.runner.draft_loop import DraftLoop, fit_vocab
-from engine.runner.drafter import propose
+from engine.runner.drafter import can_chain, chain, finish_chained, propose
 from engine.runner.inputs import ForwardItem, build_inputs
-from engine.runner.verifier import verify
+from engine.runner.verifier import Verification, start_verification
 from kernels import ops
 
 log = logging.getLogger("specserve.runner")
@@ -94,12 +94,27 @@ class ModelRunner:
         sampling = [s for s in so.scheduled if s.samples]
         results = {}
         if sampling:
-            results = verify(sampling, logits, self.rejection_method,
-                             self.store_draft_probs and self.num_spec > 0, self.device)
+            v = start_verification(sampling, logits, self.rejection_method,
+                                   self.store_draft_probs and self.num_spec > 0, self.device)
+            if can_chain(sampling, self.draft_loop):
+                return self._chained_drafts(so, v)
+            results = v.finish(v.out.tolist())   # the target's read; the drafts are read later
         if self.draft is not None and self.num_spec > 0:
             propose(so.scheduled, results, self._draft_forward, self.draft_loop, self.num_spec,
                     self.max_model_len, self.store_draft_probs, not self.store_draft_probs,
                     self.device)
+        return ModelRunnerOutput(results)
+
+    def _chained_drafts(self, so: SchedulerOutput, v: Verification) -> ModelRunnerOutput:
+        """The draft program starts behind the verification on the device; the step's one host
+        read brings the sampled tokens and the new drafts together."""
+        loop = self.draft_loop
+        results = chain(so.scheduled, v.out, self._draft_forward, loop, self.max_model_len)
+        width = v.out.shape[1]
+        rows = torch.cat([v.out, loop.tokens[:len(v.sampling)]], 1).tolist()  # the one read
+        results.update(v.finish([r[:width] for r in rows]))
+        finish_chained(v.sampling, results, [r[width:] for r in rows], loop, self.num_spec,
+                       self.max_model_len)
         return ModelRunnerOutput(results)
 
     def _forward(self, which: str, items: list[ForwardItem]) -> Optional[torch.Tensor]:

@@ -1,11 +1,14 @@
 """Sampling and draft verification on the target's logits (one rejection-sampler call a step).
 
-Plain decoding is the same call with zero drafts, so every request goes down one path.
+Plain decoding is the same call with zero drafts, so every request goes down one path. The
+sampled tokens stay on the device after the call: when the draft program can start from them
+(drafter.can_chain), the step's one host read brings them together with the new drafts.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +23,30 @@ class MissingDraftProbsError(RuntimeError):
     """Drafts were proposed with probabilities but the rows are gone: never silently fall back."""
 
 
-def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
-           draft_probs_expected: bool, device: torch.device) -> dict[str, RequestResult]:
+@dataclass
+class Verification:
+    """A launched rejection-sampler call: ``out`` [B, max_k + 1] (accepted drafts, then the
+    recovered or bonus token, -1 padding) is still on the device; ``finish`` turns its rows,
+    once read, into each request's result."""
+
+    sampling: list[ScheduledRequest]
+    out: torch.Tensor
+    raw: dict          # request id -> unprocessed logits rows, for logprobs
+
+    def finish(self, out_rows: list[list[int]]) -> dict[str, RequestResult]:
+        results: dict[str, RequestResult] = {}
+        for row, s in zip(out_rows, self.sampling):
+            tokens = [t for t in row if t >= 0]
+            res = RequestResult(sampled=tokens)
+            if s.request.params.logprobs is not None:
+                res.logprobs = logprobs_for(self.raw[s.request.request_id][:len(tokens)], tokens,
+                                            s.request.params.logprobs)
+            results[s.request.request_id] = res
+        return results
+
+
+def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
+                       draft_probs_expected: bool, device: torch.device) -> Verification:
     """logits: [sum(k_b + 1), V] target rows, request by request (drafts then bonus row)."""
     reqs = [s.request for s in sampling]
     rows: list[RowContext] = []
@@ -40,16 +65,7 @@ def verify(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
     st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
     out = ops.rejection_sample(logits, cu, draft_ids, draft_probs, st.temperature, st.top_k,
                                st.top_p, st.min_p, st.seeds, st.positions, method, max(ks))
-    out_rows = out.tolist()  # the step's one host synchronisation for the target
-    results: dict[str, RequestResult] = {}
-    for b, s in enumerate(sampling):
-        tokens = [t for t in out_rows[b] if t >= 0]
-        res = RequestResult(sampled=tokens)
-        if s.request.params.logprobs is not None:
-            res.logprobs = logprobs_for(raw[s.request.request_id][:len(tokens)], tokens,
-                                        s.request.params.logprobs)
-        results[s.request.request_id] = res
-    return results
+    return Verification(sampling, out, raw)
 
 
 def _raw_rows_for_logprobs(sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict:

@@ -37,67 +37,97 @@ def _workload(seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
     return prompts, params
 
 
-def _count_runs(llm) -> list[int]:
+def _count_launches(llm) -> dict:
+    """Counts of the program's two entry points: ``run`` (after the host read of the sampled
+    tokens) and ``launch_chained`` (behind the verification, one read for both)."""
     loop = llm.core.runner.draft_loop
-    calls = [0]
-    run = loop.run
+    calls = {"run": 0, "launch_chained": 0}
+    for name in calls:
+        original = getattr(loop, name)
 
-    def counted(rows):
-        calls[0] += 1
-        return run(rows)
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
 
-    loop.run = counted
+        setattr(loop, name, counted)
     return calls
 
 
 @pytest.mark.parametrize("draft_sample_method", ["sample", "greedy"])
-def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_llm,
+def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_llm, monkeypatch,
                                                                      draft_sample_method):
+    """Three ways to propose: chained to the verification (one read a step), the program
+    after the read of the sampled tokens, and pass by pass on the host. Same drafts, so the
+    same tokens and acceptance, in a batch with chunked prefill and k shrinking near max_tokens."""
     prompts, params = _workload(seed=3)
     kwargs = dict(draft_model=pair[1], num_speculative_tokens=4, max_num_batched_tokens=24,
                   num_kv_blocks=64, draft_sample_method=draft_sample_method)
-    on_device = make_llm(pair[0], **kwargs)
-    calls = _count_runs(on_device)
-    a = on_device.generate(prompts, params)
+    chained = make_llm(pair[0], **kwargs)
+    chained_calls = _count_launches(chained)
+    a = chained.generate(prompts, params)
+    with monkeypatch.context() as m:
+        m.setattr("engine.runner.model_runner.can_chain", lambda sampling, loop: False)
+        after_read = make_llm(pair[0], **kwargs)
+        after_read_calls = _count_launches(after_read)
+        b = after_read.generate(prompts, params)
     host = make_llm(pair[0], **kwargs)
     host.core.runner.draft_loop = None          # every pass through the host path
-    b = host.generate(prompts, params)
-    assert calls[0] > 5, "the proposal program must have run"
-    for x, y in zip(a, b):
-        cx, cy = x.outputs[0], y.outputs[0]
-        assert cx.token_ids == cy.token_ids
-        assert cx.spec_decode == cy.spec_decode          # same drafts, same acceptance
+    c = host.generate(prompts, params)
+    assert chained_calls["launch_chained"] > 5, chained_calls
+    assert after_read_calls["run"] > 5 and after_read_calls["launch_chained"] == 0, after_read_calls
+    for x, y, z in zip(a, b, c):
+        cx, cy, cz = x.outputs[0], y.outputs[0], z.outputs[0]
+        assert cx.token_ids == cy.token_ids == cz.token_ids
+        assert cx.spec_decode == cy.spec_decode == cz.spec_decode   # same drafts, same acceptance
 
 
-def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm):
+@pytest.mark.parametrize("chained", [True, False])
+def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm, monkeypatch,
+                                                                 chained):
+    if not chained:
+        monkeypatch.setattr("engine.runner.model_runner.can_chain", lambda sampling, loop: False)
     prompts, params = _workload(seed=5)
     llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=4, num_kv_blocks=64)
     runner = llm.core.runner
     loop, bs = runner.draft_loop, runner.block_size
     seen = {"short": 0, "runs": 0, "changed": 0}
-    run = loop.run
 
-    def checked(rows):
-        before = [k.clone() for k, _ in runner.draft_kv]
-        drafts, probs = run(rows)
+    def check_kv(before, spans):
+        """Draft KV changed only at positions start..start+num_drafts of each (request, start,
+        num_drafts) in ``spans``."""
         allowed = set()
-        for row in rows:
-            blocks = row.request.block_ids
-            allowed |= {blocks[p // bs] * bs + p % bs for p in range(row.start, row.start + row.num_drafts + 1)}
-            seen["short"] += row.num_drafts < loop.k
+        for req, start, num_drafts in spans:
+            if num_drafts:
+                allowed |= {req.block_ids[p // bs] * bs + p % bs
+                            for p in range(start, start + num_drafts + 1)}
+            seen["short"] += num_drafts < loop.k
         for old, (new, _) in zip(before, runner.draft_kv):
             diff = (old != new).flatten(2).any(-1).flatten()              # [num_blocks * block_size]
             changed = set(torch.nonzero(diff).flatten().tolist())
             assert changed <= allowed, f"KV written outside the drafting positions: {sorted(changed - allowed)[:5]}"
             seen["changed"] += len(changed)
+        seen["runs"] += 1
+
+    run, launch_chained = loop.run, loop.launch_chained
+
+    def checked_run(rows):
+        before = [k.clone() for k, _ in runner.draft_kv]
+        drafts, probs = run(rows)
+        check_kv(before, [(r.request, r.start, r.num_drafts) for r in rows])
         for row, d, q in zip(rows, drafts, probs):
             assert len(d) == row.num_drafts and q.shape == (row.num_drafts, runner.vocab_size)
             assert torch.allclose(q.sum(-1), torch.ones(row.num_drafts), atol=1e-4)
             assert all(q[j, t] > 0 for j, t in enumerate(d)), "a draft outside its own distribution"
-        seen["runs"] += 1
         return drafts, probs
 
-    loop.run = checked
+    def checked_launch(requests, verified, max_model_len):
+        before = [k.clone() for k, _ in runner.draft_kv]
+        launch_chained(requests, verified, max_model_len)
+        new = (verified >= 0).sum(1).tolist()
+        check_kv(before, [(r, r.num_tokens + n - 2, max(0, min(loop.k, r.draft_room(max_model_len) - n)))
+                          for r, n in zip(requests, new)])
+
+    loop.run, loop.launch_chained = checked_run, checked_launch
     llm.generate(prompts, params)
     assert seen["runs"] > 5 and seen["changed"] > 0
     assert seen["short"] > 0, "some proposals must take fewer than k drafts (padding passes)"

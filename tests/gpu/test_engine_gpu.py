@@ -85,41 +85,50 @@ def test_cuda_graphs_give_the_same_greedy_tokens_as_eager(real_shapes, spec):
 
 
 def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes):
-    """Every proposal of a sampled batch runs twice from the same draft KV: replayed as CUDA
-    graphs and run eagerly; drafts, probabilities and the KV written must be identical."""
+    """Every launch of the draft program in a sampled batch (chained to the verification or
+    after the host read) runs twice from the same draft KV: replayed as CUDA graphs and run
+    eagerly; drafts, probabilities and the KV written must be identical."""
     target, draft = real_shapes
     llm = LLM(target, draft_model=draft, num_speculative_tokens=4, load_format="dummy",
               device="cuda", num_kv_blocks=512, max_num_seqs=16)
     runner = llm.core.runner
     loop, kv = runner.draft_loop, runner.draft_kv
     assert loop.graphs, "the draft program was not captured"
-    run, checked = loop.run, [0]
+    checked = {"run": 0, "launch_chained": 0}
 
-    def both(rows):
-        before = [(k.clone(), v.clone()) for k, v in kv]
-        graphed = run(rows)
-        after = [(k.clone(), v.clone()) for k, v in kv]
-        for (k, v), (k0, v0) in zip(kv, before):
-            k.copy_(k0)
-            v.copy_(v0)
-        graphs, loop.graphs = loop.graphs, {}
-        try:
-            eager = run(rows)
-        finally:
-            loop.graphs = graphs
-        assert graphed[0] == eager[0]
-        assert all(torch.equal(a, b) for a, b in zip(graphed[1], eager[1]))
-        assert all(torch.equal(k, k1) and torch.equal(v, v1) for (k, v), (k1, v1) in zip(kv, after))
-        checked[0] += 1
-        return graphed
+    def twice(name):
+        original = getattr(loop, name)
 
-    loop.run = both
+        def both(*args):
+            before = [(k.clone(), v.clone()) for k, v in kv]
+            result = original(*args)
+            graphed = (loop.tokens.clone(), None if loop.probs is None else loop.probs.clone(),
+                       [(k.clone(), v.clone()) for k, v in kv])
+            for (k, v), (k0, v0) in zip(kv, before):
+                k.copy_(k0)
+                v.copy_(v0)
+            graphs, loop.graphs = loop.graphs, {}
+            try:
+                result = original(*args)
+            finally:
+                loop.graphs = graphs
+            n = len(args[0])
+            assert torch.equal(graphed[0][:n], loop.tokens[:n])
+            assert graphed[1] is None or torch.equal(graphed[1][:, :n], loop.probs[:, :n])
+            assert all(torch.equal(k, k1) and torch.equal(v, v1) for (k, v), (k1, v1) in zip(kv, graphed[2]))
+            checked[name] += 1
+            return result
+
+        setattr(loop, name, both)
+
+    twice("run")
+    twice("launch_chained")
     params = [SamplingParams(temperature=0.8, seed=i, max_tokens=6 + 3 * i, ignore_eos=True)
               for i in range(len(PROMPTS))]
     llm.generate(PROMPTS, params)
     llm.core.kv.pool.check_all_free()
     _free(llm)
-    assert checked[0] > 5
+    assert checked["launch_chained"] > 5, checked
 
 
 def _divergence(a: list[int], b: list[int]):
