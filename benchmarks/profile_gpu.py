@@ -78,7 +78,11 @@ def profile_core(core, label: str, batch: int, steps: int, out) -> None:
     print(table, file=out)
     print("--- host (cProfile, tottime)", file=out)
     print(buf.getvalue()[:7000], file=out)
-    for (which, q), graph in sorted(getattr(core.runner, "graphs", {}).items()):
+    graphed = [(f"{which} q={q}", g) for (which, q), g in sorted(getattr(core.runner, "graphs", {}).items())]
+    loop = getattr(core.runner, "draft_loop", None)
+    if loop is not None and loop.graphs:
+        graphed.append(("draft program", loop))
+    for name, graph in graphed:
         b = graph.buckets[0]
         launches = []
         for piece in graph.graphs[b]:
@@ -88,7 +92,7 @@ def profile_core(core, label: str, batch: int, steps: int, out) -> None:
                 piece.replay()
             launches.append((time.perf_counter() - t0) / 10)
             torch.cuda.synchronize()
-        print(f"host time to launch the {which} q={q} batch-{b} graphs (pieces): "
+        print(f"host time to launch the {name} batch-{b} graphs (pieces): "
               + " + ".join(f"{t * 1e6:.0f}" for t in launches) + " us", file=out)
     core.abort(ids)
     out.flush()
