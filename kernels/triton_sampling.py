@@ -93,13 +93,18 @@ class _Partials:
         self.ri, self.gi = torch.empty(2 * n, device=device, dtype=torch.int32).split([n, n])
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` starting 16-byte aligned (copied when it does not). Triton compiles a separate
+    variant of a kernel for a pointer argument that is not 16-byte aligned; parameter rows cut
+    from one [3, B] tensor are aligned or not depending on B, and each new combination cost a
+    multi-second compile mid-traffic (measured on an H100 when a batch shrank from 63 to 62)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, positions):
-    return (temperature.to(device=dev, dtype=torch.float32),
-            top_k.to(device=dev, dtype=torch.int32),
-            top_p.to(device=dev, dtype=torch.float32),
-            min_p.to(device=dev, dtype=torch.float32),
-            seeds.to(device=dev, dtype=torch.int64),
-            positions.to(device=dev, dtype=torch.int64))
+    return tuple(_aligned(t.to(device=dev, dtype=dtype)) for t, dtype in (
+        (temperature, torch.float32), (top_k, torch.int32), (top_p, torch.float32),
+        (min_p, torch.float32), (seeds, torch.int64), (positions, torch.int64)))
 
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,

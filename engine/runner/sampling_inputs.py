@@ -35,8 +35,12 @@ class SamplingTensors:
               force_greedy: bool = False) -> "SamplingTensors":
         """Two host-to-device copies (the fp32 fields, the integer fields), rows viewed out."""
         float_rows, int_rows = host_fields(reqs, positions, force_greedy)
-        floats = to_device(float_rows, torch.float32, device)                     # [3, B]
-        ints = to_device(int_rows, torch.int64, device)                           # [3, B]
+        # rows padded to a multiple of 4 entries, so that every row view starts 16-byte aligned
+        # (the Triton sampler copies unaligned parameter rows rather than compile for them)
+        n = len(reqs)
+        pad = -n % 4
+        floats = to_device([r + [0.0] * pad for r in float_rows], torch.float32, device)[:, :n]
+        ints = to_device([r + [0] * pad for r in int_rows], torch.int64, device)[:, :n]
         return SamplingTensors(temperature=floats[0], top_k=ints[0], top_p=floats[1],
                                min_p=floats[2], seeds=ints[1], positions=ints[2])
 

@@ -136,6 +136,17 @@ else:
         else:
             assert q is None
 
+    def test_parameter_rows_reach_the_kernels_16_byte_aligned() -> None:
+        """Rows cut from one [3, B] tensor start unaligned for some B; Triton would compile a
+        kernel variant per alignment pattern mid-traffic, so the sampler hands kernels aligned
+        copies instead."""
+        for b in range(1, 9):
+            f = torch.rand(3, b)
+            i = torch.arange(3 * b).reshape(3, b)
+            params = TS._params(torch.device("cpu"), f[0], i[0], f[1], f[2], i[1], i[2])
+            assert all(t.data_ptr() % 16 == 0 for t in params), b
+            assert torch.equal(params[2], f[1]) and torch.equal(params[5], i[2])
+
     def test_sample_draft_writes_q_into_a_given_slab() -> None:
         """The draft program hands each pass a slab of its [k, B, V] buffer: both twins write q
         there and return it."""
