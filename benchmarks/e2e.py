@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from benchmarks.engines import GenerationRun, random_prompts, run_generation, time_forward
+from benchmarks.verify import draft_program_cost
 from engine.core import EngineCore
 
 
@@ -70,6 +71,11 @@ def compare_batch(base: EngineCore, spec: EngineCore, batch: int, settings: E2ES
     refined = e / (k * costs["c"] + costs["v"]) if e is not None else None
     same = sum(base_run.outputs.get(r) == t for r, t in spec_run.outputs.items())
     plain_step = base_run.decode_seconds / base_run.decode_steps if base_run.decode_steps else None
+    # the costs a step really pays: the draft program per draft token over a plain engine step
+    program = draft_program_cost(spec, None, settings.prompt_len + settings.output_len // 2,
+                                 settings.warmup, settings.repeats, batch)
+    c_step = _ratio(program["per_draft_seconds"], plain_step)
+    predicted_steps = e / (k * c_step + 1) if e is not None and c_step is not None else None
     return {
         "batch": batch, "no_spec_tok_per_s": base_run.decode_tok_per_s,
         "spec_tok_per_s": spec_run.decode_tok_per_s, "acceptance_length": e,
@@ -77,6 +83,9 @@ def compare_batch(base: EngineCore, spec: EngineCore, batch: int, settings: E2ES
         **costs, "measured_speedup": measured, "predicted_speedup": predicted,
         "predicted_speedup_with_verify_cost": refined,
         "measured_over_predicted": _ratio(measured, predicted),
+        "draft_program_s": program["program_seconds"], "c_step": c_step,
+        "predicted_speedup_from_steps": predicted_steps,
+        "measured_over_predicted_from_steps": _ratio(measured, predicted_steps),
         "identical_greedy_outputs": f"{same}/{batch}",
         "plain_step_s": plain_step, "plain_step_over_forward": _ratio(plain_step, costs["target_step_s"]),
         "no_spec_run": base_run.as_dict(), "spec_run": spec_run.as_dict(),

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from benchmarks.engines import forward_items, time_forward, weight_bytes
 from benchmarks.timing import median, time_calls
@@ -53,22 +53,27 @@ def draft_cost(core: EngineCore, bandwidth_bytes_per_s: float, context: int, war
             "target_step_seconds": tt.seconds, "c": td.seconds / tt.seconds}
 
 
-def draft_program_cost(core: EngineCore, bandwidth_bytes_per_s: float, context: int, warmup: int,
-                       repeats: int) -> dict:
-    """The proposal program (draft_loop.py) for one sampled request after ``context`` tokens."""
+def draft_program_cost(core: EngineCore, bandwidth_bytes_per_s: Optional[float], context: int,
+                       warmup: int, repeats: int, batch: int = 1) -> dict:
+    """The proposal program (draft_loop.py) for ``batch`` sampled requests after ``context``
+    tokens each; per draft token against the draft's roofline when the bandwidth is given."""
     runner = core.runner
     loop = runner.draft_loop
     if loop is None:
         raise ValueError("this engine has no draft model")
     k = loop.k
-    item = forward_items(1, 2, context, runner.block_size, core.info.num_kv_blocks,
-                         runner.vocab_size)[0]
-    req = Request("bench-draft", item.token_ids * (context // 2 + 1), SamplingParams(temperature=1.0),
-                  seed=0, eos_token_ids=(), max_tokens=k + 1, arrival=0.0)
-    req.block_ids = item.block_ids
-    row = LoopRow(req, item.token_ids, context, k, 1)
-    secs = median(time_calls(lambda: loop.run([row]), runner.device, warmup, repeats))
-    roof_s = weight_bytes(runner.draft)["bytes_per_decode_step"] / bandwidth_bytes_per_s
-    return {"k": k, "context": context, "program_seconds": secs, "per_draft_seconds": secs / k,
-            "roofline_step_seconds": roof_s, "ratio_to_roofline": secs / k / roof_s,
-            "graph": bool(loop.graphs)}
+    rows = []
+    for i, item in enumerate(forward_items(batch, 2, context, runner.block_size,
+                                           core.info.num_kv_blocks, runner.vocab_size)):
+        req = Request(f"bench-draft-{i}", item.token_ids * (context // 2 + 1),
+                      SamplingParams(temperature=1.0), seed=i, eos_token_ids=(), max_tokens=k + 1,
+                      arrival=0.0)
+        req.block_ids = item.block_ids
+        rows.append(LoopRow(req, item.token_ids, context, k, 1))
+    secs = median(time_calls(lambda: loop.run(rows), runner.device, warmup, repeats))
+    out = {"k": k, "batch": batch, "context": context, "program_seconds": secs,
+           "per_draft_seconds": secs / k, "graph": bool(loop.graphs)}
+    if bandwidth_bytes_per_s:
+        roof_s = weight_bytes(runner.draft)["bytes_per_decode_step"] / bandwidth_bytes_per_s
+        out.update(roofline_step_seconds=roof_s, ratio_to_roofline=secs / k / roof_s)
+    return out

@@ -31,9 +31,11 @@ def plot_e2e(section: Section, out: Path) -> Optional[Path]:
         ax.bar([x - 0.2 for x in xs], base, width=0.4, label="no speculation")
         ax.bar([x + 0.2 for x in xs], spec, width=0.4, label="speculation")
         for x, r in zip(xs, rows):
-            if r.get("predicted_speedup") and r["no_spec_tok_per_s"]:
-                ax.plot([x + 0.0, x + 0.4], [r["predicted_speedup"] * r["no_spec_tok_per_s"]] * 2,
-                        color="black", linewidth=1.5, label="predicted E/(kc+1)" if x == 0 else None)
+            for key, style, name in (("predicted_speedup_from_steps", "-", "predicted E/(kc'+1) (judged)"),
+                                     ("predicted_speedup", ":", "E/(kc+1), single forwards")):
+                if r.get(key) and r["no_spec_tok_per_s"]:
+                    ax.plot([x + 0.0, x + 0.4], [r[key] * r["no_spec_tok_per_s"]] * 2, color="black",
+                            linestyle=style, linewidth=1.5, label=name if x == 0 else None)
         ax.set_xticks(xs, [str(r["batch"]) for r in rows])
         ax.set_xlabel("batch size")
         ax.set_ylabel("decode tokens/s")

@@ -114,6 +114,9 @@ def test_e2e_exactness_acceptance_and_formula(bench_run):
             assert 1.0 <= e <= K + 1
             assert r["predicted_speedup"] == pytest.approx(e / (K * c + 1))
             assert r["predicted_speedup_with_verify_cost"] == pytest.approx(e / (K * c + r["v"]))
+            # the judged prediction: c' from the draft program and a plain engine step
+            assert r["c_step"] == pytest.approx(r["draft_program_s"] / K / r["plain_step_s"])
+            assert r["predicted_speedup_from_steps"] == pytest.approx(e / (K * r["c_step"] + 1))
             run = r["spec_run"]
             assert run["total_tokens"] == b * 16              # --quick output_len, ignore_eos
             assert r["no_spec_run"]["spec_decode"]["num_drafts"] == 0
