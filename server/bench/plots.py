@@ -31,8 +31,8 @@ def plot_e2e(section: Section, out: Path) -> Optional[Path]:
         ax.bar([x - 0.2 for x in xs], base, width=0.4, label="no speculation")
         ax.bar([x + 0.2 for x in xs], spec, width=0.4, label="speculation")
         for x, r in zip(xs, rows):
-            for key, style, name in (("predicted_speedup_from_steps", "-", "predicted E/(kc'+1) (judged)"),
-                                     ("predicted_speedup", ":", "E/(kc+1), single forwards")):
+            for key, style, name in (("predicted_speedup", "-", "predicted E/(kc+1) (judged)"),
+                                     ("predicted_speedup_from_steps", ":", "E/(kc'+1), c' from steps")):
                 if r.get(key) and r["no_spec_tok_per_s"]:
                     ax.plot([x + 0.0, x + 0.4], [r[key] * r["no_spec_tok_per_s"]] * 2, color="black",
                             linestyle=style, linewidth=1.5, label=name if x == 0 else None)

@@ -14,7 +14,7 @@ from server.bench.context import BenchContext
 from server.bench.report import Column, Section, at_least, within
 
 E2E_TOLERANCE = 0.10
-E2E_GOAL = f"within {100 * E2E_TOLERANCE:.0f}% of E/(kc'+1)"
+E2E_GOAL = f"within {100 * E2E_TOLERANCE:.0f}% of E/(kc+1)"
 PEER_GOAL = 3.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,13 +71,14 @@ def e2e(ctx: BenchContext) -> Section:
                           "upper bound; with c ~ 1 the formula predicts ~1x: it checks the machinery.",
                           "The dummy 0.6B-like draft has unrelated random weights (acceptance ~0): "
                           "the lower bound, where speculation costs k c + v - 1 extra.",
+                          "Goal: measured speed-up within 10% of E/(kc+1); E/(kc+v) shows what the "
+                          "verification forward itself costs.",
                           "c' = the draft program (catch-up, k passes, sampling: what a step runs, "
                           "benchmarks/verify.py) per draft token / a plain EngineCore step, both at that "
-                          "batch size: the costs a step really pays, host work included. The goal is "
-                          "judged on E/(kc'+1). E/(kc+1) from single forwards leaves out the host work "
-                          "of a step (see step/fwd), which a host-bound small pair amortises over E "
-                          "tokens, and since the draft runs as one program its per-pass host work too; "
-                          "E/(kc+v) shows what the verification forward itself costs.",
+                          "batch size. E/(kc'+1) counts the draft at its real cost but takes the target "
+                          "side of a speculative step to cost one plain step; where it over-predicts, "
+                          "the target side of a speculative step (verification, the rejection sampler, "
+                          "E tokens of bookkeeping) costs more than a plain step.",
                           "Same greedy: requests whose speculative output equals the plain output "
                           "token for token (exact in fp32; in bf16 near-ties may flip a token)."],
                    data=data, error="; ".join(f"{k}: {v}" for k, v in data["errors"].items()) or None)
@@ -90,7 +91,7 @@ def _e2e_rows(label: str, results: list[dict]) -> list[dict]:
         row["pair"] = label
         row["label"] = f"{label}, batch {r['batch']}"
         row["goal"] = E2E_GOAL
-        row["status"] = within(r["measured_speedup"], r["predicted_speedup_from_steps"], E2E_TOLERANCE)
+        row["status"] = within(r["measured_speedup"], r["predicted_speedup"], E2E_TOLERANCE)
         rows.append(row)
     return rows
 
