@@ -195,7 +195,7 @@ class DraftLoop:
         lead = [[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
                 [r.start for r in rows], [r.num_drafts for r in rows]]
         b = self._load([r.request for r in rows], [r.position for r in rows], lead)
-        self._launch(b)
+        self._launch(b, max(r.num_drafts for r in rows))
         table = self.tokens[:n].tolist()   # the draft's one host read of the step
         return self.collect(table, [r.num_drafts for r in rows])
 
@@ -220,7 +220,8 @@ class DraftLoop:
         ints[_START, :n] += new - 2
         ints[_NUM_DRAFTS, :n] = torch.clamp(ints[_NUM_DRAFTS, :n] - new, 0, self.k)
         ints[_POSITION, :n] += new
-        self._launch(b)
+        # at least one token is committed, so no row takes more than room - 1 drafts
+        self._launch(b, max(min(self.k, r.draft_room(max_model_len) - 1) for r in requests))
 
     def collect(self, table: list[list[int]], num_drafts: list[int]
                 ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
@@ -253,10 +254,15 @@ class DraftLoop:
         self.block_tables[:b].copy_(tables, non_blocking=True)
         return b
 
-    def _launch(self, b: int) -> None:
+    def _launch(self, b: int, num_drafts: int) -> None:
+        """Run the program up to draft ``num_drafts`` (the most any row takes): near max_tokens
+        every row may take fewer than k, and the passes no row needs are skipped."""
+        if num_drafts <= 0:
+            return
+        upto = num_drafts + 1                     # the catch-up's two pieces, then passes 2..
         if b in self.graphs:
-            for graph in self.graphs[b]:
+            for graph in self.graphs[b][:upto]:
                 graph.replay()
         else:
-            for piece in self._pieces(b)[0]:
+            for piece in self._pieces(b)[0][:upto]:
                 piece()

@@ -131,3 +131,27 @@ def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm,
     llm.generate(prompts, params)
     assert seen["runs"] > 5 and seen["changed"] > 0
     assert seen["short"] > 0, "some proposals must take fewer than k drafts (padding passes)"
+
+
+def test_passes_no_request_needs_are_skipped(pair, make_llm):
+    """Near max_tokens every request takes fewer than k drafts; the program stops at the
+    largest count any row takes (and a step where none may draft launches nothing)."""
+    llm = make_llm(pair[0], draft_model=pair[0], num_speculative_tokens=4)   # self-draft
+    loop = llm.core.runner.draft_loop
+    passes, needed = [], []
+    original_pass, original_launch = loop._pass, loop._launch
+
+    def counted_pass(b, j):
+        passes[-1] = max(passes[-1], j + 1)
+        return original_pass(b, j)
+
+    def counted_launch(b, num_drafts):
+        passes.append(1 if num_drafts > 0 else 0)
+        needed.append(num_drafts)
+        return original_launch(b, num_drafts)
+
+    loop._pass, loop._launch = counted_pass, counted_launch
+    out = llm.generate([[5, 6, 7], [8, 9]], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 9 for o in out)
+    assert passes == [max(0, min(4, n)) for n in needed], (passes, needed)
+    assert 0 < min(needed) < 4, needed            # short proposals happened
