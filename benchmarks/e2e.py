@@ -75,6 +75,9 @@ def compare_batch(base: EngineCore, spec: EngineCore, batch: int, settings: E2ES
     program = draft_program_cost(spec, None, settings.prompt_len + settings.output_len // 2,
                                  settings.warmup, settings.repeats, batch)
     c_step = _ratio(program["per_draft_seconds"], plain_step)
+    # plain decode steps one speculative step replaced in this run: E, less what the fixed-length
+    # tail (k shrinking near max_tokens) and requests finishing at different steps cost
+    e_run = _ratio(base_run.decode_steps, spec_run.decode_steps)
     predicted_steps = e / (k * c_step + 1) if e is not None and c_step is not None else None
     return {
         "batch": batch, "no_spec_tok_per_s": base_run.decode_tok_per_s,
@@ -85,6 +88,7 @@ def compare_batch(base: EngineCore, spec: EngineCore, batch: int, settings: E2ES
         "measured_over_predicted": _ratio(measured, predicted),
         "draft_program_s": program["program_seconds"], "c_step": c_step,
         "predicted_speedup_from_steps": predicted_steps,
+        "e_run": e_run, "predicted_speedup_e_run": e_run / (k * costs["c"] + 1) if e_run else None,
         "measured_over_predicted_from_steps": _ratio(measured, predicted_steps),
         "identical_greedy_outputs": f"{same}/{batch}",
         "plain_step_s": plain_step, "plain_step_over_forward": _ratio(plain_step, costs["target_step_s"]),

@@ -57,6 +57,7 @@ def e2e(ctx: BenchContext) -> Section:
             Column("predicted_speedup", "E/(kc+1)", "x"),
             Column("predicted_speedup_with_verify_cost", "E/(kc+v)", "x"),
             Column("c_step", "c'", "num"), Column("predicted_speedup_from_steps", "E/(kc'+1)", "x"),
+            Column("e_run", "E_run", "num"), Column("predicted_speedup_e_run", "E_run/(kc+1)", "x"),
             Column("identical_greedy_outputs", "Same greedy", "str"),
             Column("goal", "Goal", "str"), Column("status", "Status", "str")]
     return Section("e2e", f"End to end with and without speculation (k = {o.k}, greedy)", cols, rows,
@@ -79,6 +80,11 @@ def e2e(ctx: BenchContext) -> Section:
                           "side of a speculative step to cost one plain step; where it over-predicts, "
                           "the target side of a speculative step (verification, the rejection sampler, "
                           "E tokens of bookkeeping) costs more than a plain step.",
+                          "E_run = plain decode steps / speculative decode steps of the same "
+                          "workload: the plain steps one speculative step replaced. It falls below E "
+                          "where k shrinks near max_tokens (the fixed output length makes every "
+                          "request reach it together) and where requests accept differently and the "
+                          "batch waits for the slowest; E_run/(kc+1) is the formula with it.",
                           "Same greedy: requests whose speculative output equals the plain output "
                           "token for token (exact in fp32; in bf16 near-ties may flip a token)."],
                    data=data, error="; ".join(f"{k}: {v}" for k, v in data["errors"].items()) or None)

@@ -117,6 +117,9 @@ def test_e2e_exactness_acceptance_and_formula(bench_run):
             # the judged prediction: c' from the draft program and a plain engine step
             assert r["c_step"] == pytest.approx(r["draft_program_s"] / K / r["plain_step_s"])
             assert r["predicted_speedup_from_steps"] == pytest.approx(e / (K * r["c_step"] + 1))
+            e_run = r["no_spec_run"]["decode_steps"] / run_steps if (run_steps := r["spec_run"]["decode_steps"]) else None
+            assert r["e_run"] == pytest.approx(e_run)
+            assert r["predicted_speedup_e_run"] == pytest.approx(e_run / (K * c + 1))
             run = r["spec_run"]
             assert run["total_tokens"] == b * 16              # --quick output_len, ignore_eos
             assert r["no_spec_run"]["spec_decode"]["num_drafts"] == 0
