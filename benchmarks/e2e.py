@@ -88,7 +88,7 @@ def compare_batch(base: EngineCore, spec: EngineCore, batch: int, settings: E2ES
         "measured_over_predicted": _ratio(measured, predicted),
         "draft_program_s": program["program_seconds"], "c_step": c_step,
         "predicted_speedup_from_steps": predicted_steps,
-        "e_run": e_run, "predicted_speedup_e_run": e_run / (k * costs["c"] + 1) if e_run else None,
+        "e_steps": e_run, "predicted_speedup_e_steps": e_run / (k * costs["c"] + 1) if e_run else None,
         "measured_over_predicted_from_steps": _ratio(measured, predicted_steps),
         "identical_greedy_outputs": f"{same}/{batch}",
         "plain_step_s": plain_step, "plain_step_over_forward": _ratio(plain_step, costs["target_step_s"]),

@@ -57,7 +57,7 @@ def e2e(ctx: BenchContext) -> Section:
             Column("predicted_speedup", "E/(kc+1)", "x"),
             Column("predicted_speedup_with_verify_cost", "E/(kc+v)", "x"),
             Column("c_step", "c'", "num"), Column("predicted_speedup_from_steps", "E/(kc'+1)", "x"),
-            Column("e_run", "E_run", "num"), Column("predicted_speedup_e_run", "E_run/(kc+1)", "x"),
+            Column("e_steps", "E_run", "num"), Column("predicted_speedup_e_steps", "E_run/(kc+1)", "x"),
             Column("identical_greedy_outputs", "Same greedy", "str"),
             Column("goal", "Goal", "str"), Column("status", "Status", "str")]
     return Section("e2e", f"End to end with and without speculation (k = {o.k}, greedy)", cols, rows,
