@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -36,6 +36,36 @@ def first_piece_layers(num_layers: int) -> int:
     return max(1, -(-num_layers // 12))
 
 
+def buckets_up_to(max_batch: int) -> list[int]:
+    """The batch buckets graphs are captured at for batches of at most ``max_batch`` rows."""
+    return [b for b in BUCKETS if b <= max_batch] or [1]
+
+
+# pieces() -> (callables, state): fresh closures each call; the state is what they hand on
+PieceFactory = Callable[[], tuple[list[Callable[[], None]], list]]
+
+
+def capture_pieces(pieces: PieceFactory, pool) -> tuple[list[torch.cuda.CUDAGraph], list, Any]:
+    """Run one set of pieces eagerly (Triton compiles, libraries pick their kernels), then
+    capture a fresh set, each piece a graph of its own, in the memory pool ``pool`` (the first
+    graph's when None). Returns the graphs, the captured pieces' state (keep it: one piece's
+    outputs are the next one's inputs, and the last one's are the graph's results) and the pool."""
+    warm_up, _ = pieces()
+    for piece in warm_up:
+        piece()
+    torch.cuda.synchronize()
+    captured, state = pieces()
+    graphs = []
+    for piece in captured:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            piece()
+        if pool is None:
+            pool = graph.pool()
+        graphs.append(graph)
+    return graphs, state, pool
+
+
 class GraphedForward:
     """Graphs for one model and one query length ``q``, over batch buckets up to ``max_batch``."""
 
@@ -44,7 +74,7 @@ class GraphedForward:
         self.model, self.kv, self.q = model, kv, q
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        self.buckets = buckets_up_to(max_batch)
         bmax = self.buckets[-1]
         n = bmax * q
         i64, i32 = torch.int64, torch.int32
@@ -59,7 +89,7 @@ class GraphedForward:
         self.pieces = [(0, head), (head, layers)] if head < layers else [(0, layers)]
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.carried: dict[int, list[tuple]] = {}   # hidden states passed between pieces
+        self.carried: dict[int, list] = {}   # each piece's outputs: the next one's inputs
         self.pool = None
 
     def _meta(self, b: int) -> AttentionMetadata:
@@ -76,24 +106,21 @@ class GraphedForward:
             return x, residual
         return model.compute_logits(model.final_norm(x, residual))
 
+    def _pieces(self, b: int) -> tuple[list, list]:
+        """The forward for bucket ``b`` as one callable per piece, and the list of their outputs."""
+        outs: list = []
+
+        def piece(lo: int, hi: int) -> None:
+            outs.append(self._run_piece(b, lo, hi, outs[-1] if lo > 0 else None))
+
+        return [lambda lo=lo, hi=hi: piece(lo, hi) for lo, hi in self.pieces], outs
+
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.monotonic()
         for b in reversed(self.buckets):
-            out = None
-            for lo, hi in self.pieces:  # compile and warm up outside the graph
-                out = self._run_piece(b, lo, hi, out)
-            torch.cuda.synchronize()
-            graphs, carried, out = [], [], None
-            for lo, hi in self.pieces:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    out = self._run_piece(b, lo, hi, out)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                graphs.append(graph)
-                carried.append(out)   # keeps the piece's outputs (the next one's inputs) alive
-            self.graphs[b], self.outputs[b], self.carried[b] = graphs, out, carried
+            graphs, outs, self.pool = capture_pieces(lambda: self._pieces(b), self.pool)
+            self.graphs[b], self.outputs[b], self.carried[b] = graphs, outs[-1], outs
         torch.cuda.synchronize()
         log.info("captured %d CUDA graphs (q=%d, batch <= %d, %d pieces each) for %s in %.1fs",
                  len(self.graphs), self.q, self.buckets[-1], len(self.pieces),

@@ -32,7 +32,7 @@ import torch
 
 from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
 from engine.request import Request
-from engine.runner.cuda_graphs import BUCKETS, first_piece_layers
+from engine.runner.cuda_graphs import buckets_up_to, capture_pieces, first_piece_layers
 from engine.runner.sampling_inputs import host_fields
 from engine.runner.transfer import host_buffer
 from kernels import ops
@@ -76,7 +76,7 @@ class DraftLoop:
         self.model, self.kv, self.k, self.vocab = model, kv, num_spec, vocab
         self.block_size, self.max_model_len = block_size, max_model_len
         self.store_probs, self.greedy, self.device = store_probs, greedy, device
-        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        self.buckets = buckets_up_to(max_batch)
         bmax = self.buckets[-1]
         self.ints = torch.zeros((7, bmax), dtype=torch.int64, device=device)
         self.floats = torch.ones((3, bmax), dtype=torch.float32, device=device)
@@ -95,8 +95,7 @@ class DraftLoop:
     @staticmethod
     def probs_bytes(num_spec: int, max_batch: int, vocab: int) -> int:
         """Device memory of the draft-probability buffer (sized at start-up with the KV cache)."""
-        bmax = ([b for b in BUCKETS if b <= max_batch] or [1])[-1]
-        return num_spec * bmax * vocab * 4
+        return num_spec * buckets_up_to(max_batch)[-1] * vocab * 4
 
     # ---- the program -------------------------------------------------------------------------
     def _slots(self, b: int, pos: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -165,20 +164,8 @@ class DraftLoop:
     def capture(self) -> None:
         t0 = time.monotonic()
         for b in reversed(self.buckets):
-            pieces, carried = self._pieces(b)
-            for piece in pieces:            # compile and warm up outside the graph
-                piece()
-            torch.cuda.synchronize()
-            carried.clear()
-            graphs = []
-            for piece in pieces:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    piece()
-                if self._pool is None:
-                    self._pool = graph.pool()
-                graphs.append(graph)
-            self.graphs[b], self._kept[b] = graphs, carried
+            self.graphs[b], self._kept[b], self._pool = capture_pieces(lambda: self._pieces(b),
+                                                                       self._pool)
         torch.cuda.synchronize()
         log.info("captured the draft's proposal program (%d graphs each, k=%d) for %d batch buckets "
                  "<= %d in %.1fs", self.k + 1, self.k, len(self.graphs), self.buckets[-1],
