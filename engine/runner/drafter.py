@@ -56,7 +56,7 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
             _keep_level(s, res, kv_only)
             continue
         accepted = res.sampled
-        valid = req.num_draft_computed + min(len(accepted) - 1, req.num_draft_kv_ahead)
+        valid = _draft_kv_valid(req, len(accepted))
         committed = req.token_ids + accepted
         k = req.spec_budget(num_spec, max_model_len, num_new=len(accepted))
         if k == 0:
@@ -77,6 +77,13 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         res.new_draft_probs = p.probs
         res.num_draft_computed = len(p.committed)
         res.num_draft_kv_ahead = p.k - 1
+
+
+def _draft_kv_valid(req: Request, num_new: int) -> int:
+    """Committed tokens whose draft KV is valid once ``num_new`` tokens (accepted drafts and one
+    more) are committed: the draft wrote KV for its first drafts, valid as far as they were
+    accepted."""
+    return req.num_draft_computed + min(num_new - 1, req.num_draft_kv_ahead)
 
 
 def _keep_level(s: ScheduledRequest, res: RequestResult, kv_only: list[ForwardItem]) -> None:
@@ -146,7 +153,7 @@ def finish_chained(sampling: list[ScheduledRequest], results: dict[str, RequestR
         res = results[req.request_id]
         n = len(res.sampled)
         if k == 0:
-            res.num_draft_computed = req.num_draft_computed + min(n - 1, req.num_draft_kv_ahead)
+            res.num_draft_computed = _draft_kv_valid(req, n)
             continue
         res.new_drafts, res.new_draft_probs = d, q
         res.num_draft_computed = req.num_tokens + n
