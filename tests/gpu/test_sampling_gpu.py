@@ -24,15 +24,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
 from kernels import philox as P  # noqa: E402
 from kernels import ref_sampling as R  # noqa: E402
-from kernels import sampling_triton_kernels as K  # noqa: E402
 from kernels import triton_sampling as TS  # noqa: E402
 
 try:
+    from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
     from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     from tests.kernels.test_sampling_stats import CASES, check_verification
 except ImportError:  # rootdir-less runs
@@ -40,6 +37,7 @@ except ImportError:  # rootdir-less runs
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
     from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     from tests.kernels.test_sampling_stats import CASES, check_verification
 
@@ -53,34 +51,14 @@ def _params(b: int) -> list[tuple]:
     return [MIX[i % len(MIX)] for i in range(b)]
 
 
-@triton.jit
-def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0)
-    stream = tl.program_id(1)
-    offs = tl.arange(0, BLOCK_V)
-    u = K._uniform(tl.load(seed_ptr + row), tl.load(pos_ptr + row), stream, offs)
-    tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
-
-
 def test_uniform_bit_identical_on_gpu() -> None:
     seeds = torch.tensor([0, -1, 2**63 - 1, -(2**63), 12345], device=DEV)
     pos = torch.tensor([0, 7, 2**33, 5, 99], device=DEV)
     v = 5000
     out = torch.empty(5, 4, v, device=DEV)
-    _uniform_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK_V=8192)
+    uniform_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK_V=8192)
     for stream in range(4):
         assert torch.equal(out[:, stream], P.uniform(seeds, pos, stream, torch.arange(v, device=DEV)))
-
-
-@triton.jit
-def _uniform_tile_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    stream = tl.program_id(1)
-    seed, pos = tl.load(seed_ptr + row), tl.load(pos_ptr + row)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        u = K._uniform_tile(seed, pos, stream, start, BLOCK)
-        tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
 
 
 def test_uniform_tile_bit_identical_on_gpu() -> None:
@@ -89,7 +67,7 @@ def test_uniform_tile_bit_identical_on_gpu() -> None:
     pos = torch.tensor([0, 7, 2**33, 5, 99], device=DEV)
     v = 5000
     out = torch.empty(5, 4, v, device=DEV)
-    _uniform_tile_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK=1024)
+    uniform_tile_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK=1024)
     for stream in range(4):
         assert torch.equal(out[:, stream], P.uniform_prefix(seeds, pos, stream, v))
 

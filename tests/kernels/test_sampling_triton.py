@@ -45,31 +45,24 @@ else:
 
     from kernels import philox as P
     from kernels import ref_sampling as R
-    from kernels import sampling_triton_kernels as K
     from kernels import triton_sampling as TS
 
     try:
+        from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
         from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     except ImportError:  # rootdir-less runs of this directory
+        from philox_probes import uniform_kernel, uniform_tile_kernel
         from test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
 
     BLOCK, CHUNK = 64, 128          # 3 chunks of 2 tiles for V = 300
     MIX = [GREEDY] + list(PARAM_SETS.values())
-
-    @triton.jit
-    def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK_V: tl.constexpr):
-        row = tl.program_id(0)
-        stream = tl.program_id(1)
-        offs = tl.arange(0, BLOCK_V)
-        u = K._uniform(tl.load(seed_ptr + row), tl.load(pos_ptr + row), stream, offs)
-        tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
 
     def test_uniform_bit_identical() -> None:
         seeds = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 2**62 + 12345, 987654321])
         pos = torch.tensor([0, 5, 7, 2**31 + 3, 1000, 2**40, 3])
         v = 200
         out = torch.empty(len(seeds), 4, v)
-        _uniform_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK_V=256)
+        uniform_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK_V=256)
         for stream in range(4):
             want = P.uniform(seeds, pos, stream, torch.arange(v))
             assert torch.equal(out[:, stream], want), stream
@@ -97,23 +90,13 @@ else:
                               torch.tensor(k1).unsqueeze(1))                   # [5, n, 4]
         assert torch.equal(out, want.permute(0, 2, 1))
 
-    @triton.jit
-    def _uniform_tile_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        stream = tl.program_id(1)
-        seed, pos = tl.load(seed_ptr + row), tl.load(pos_ptr + row)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            u = K._uniform_tile(seed, pos, stream, start, BLOCK)
-            tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
-
     def test_uniform_tile_bit_identical() -> None:
         """The races' tile generator (one Philox call per 4 indices) is U, in order."""
         seeds = torch.tensor([0, -1, 2**63 - 1, 2**62 + 12345, 987654321])
         pos = torch.tensor([0, 7, 2**31 + 3, 2**40, 3])
         v = 300
         out = torch.empty(len(seeds), 4, v)
-        _uniform_tile_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK=64)
+        uniform_tile_kernel[(len(seeds), 4)](seeds, pos, out, V=v, BLOCK=64)
         for stream in range(4):
             want = P.uniform(seeds, pos, stream, torch.arange(v))
             assert torch.equal(out[:, stream], want), stream
