@@ -80,6 +80,18 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 @triton.jit
+def _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The token's rotary cos and sin rows ([1, HALF_PAD]; padding lanes rotate by nothing) and
+    the lane offsets they are laid out on."""
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    offs_i = tl.arange(0, HALF_PAD)
+    ok = offs_i < HALF
+    cos = tl.load(cache_ptr + pos * stride_cache + offs_i, mask=ok, other=1.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_i, mask=ok, other=0.0)[None, :]
+    return cos, sin, offs_i
+
+
+@triton.jit
 def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, cos, sin, offs_i,
                   HALF: tl.constexpr, HEADS_PAD: tl.constexpr):
     """In place on one token's [num_heads, 2 * HALF] leading dims: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
@@ -99,11 +111,7 @@ def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, num_q_heads, num_kv_heads,
                    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                    QH_PAD: tl.constexpr, KH_PAD: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    offs_i = tl.arange(0, HALF_PAD)
-    ok = offs_i < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + offs_i, mask=ok, other=1.0)[None, :]
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_i, mask=ok, other=0.0)[None, :]
+    cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     _rotate_heads(q_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin, offs_i, HALF, QH_PAD)
     _rotate_heads(k_ptr, token, stride_kt, stride_kh, num_kv_heads, cos, sin, offs_i, HALF, KH_PAD)
 
@@ -245,11 +253,7 @@ def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_
                                BLOCK_SIZE: tl.constexpr):
     """One token per program: q -> q_out; k -> k cache and v -> v cache at the token's slot."""
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    offs_i = tl.arange(0, HALF_PAD)
-    ok = offs_i < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + offs_i, mask=ok, other=1.0)[None, :]
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_i, mask=ok, other=0.0)[None, :]
+    cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     row = qkv_ptr + token * stride_qkv
     _norm_rope_heads(row, q_out_ptr + token * stride_qo, num_q_heads, qw_ptr, eps, cos, sin,
                      offs_i, HAS_NORM, HEAD_DIM, HALF, TAIL, TAIL_PAD, QH_PAD)
