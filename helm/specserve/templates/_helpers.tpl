@@ -99,9 +99,51 @@ app.kubernetes.io/part-of: specserve
 - {{ .Values.server.shutdownTimeout | quote }}
 - --log-level
 - {{ .Values.server.logLevel }}
+{{- if ne .Values.metrics.prefix "specserve" }}
+- --metrics-prefix
+- {{ .Values.metrics.prefix }}
+{{- end }}
 {{- range .Values.server.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end }}
+
+{{/* Labels of the helm test pod: the release's, without app.kubernetes.io/name, so that no selector
+     of the chart (Service, PDB, InferencePool) counts the test pod as a server. */}}
+{{- define "specserve.testLabels" -}}
+helm.sh/chart: {{ include "specserve.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: specserve
+app.kubernetes.io/component: test
+{{- end }}
+
+{{/* The model name clients send: --served-model-name, else the target path (as the server reports it). */}}
+{{- define "specserve.servedModelName" -}}
+{{- .Values.model.servedModelName | default .Values.model.target }}
+{{- end }}
+
+{{/* A metric's exported name under metrics.prefix, e.g. specserve:num_requests_waiting. */}}
+{{- define "specserve.metric" -}}
+{{- printf "%s:%s" .root.Values.metrics.prefix .name }}
+{{- end }}
+
+{{/* Seconds the startup probe allows for weight loading. */}}
+{{- define "specserve.startupBudget" -}}
+{{- mul .Values.probes.startup.periodSeconds .Values.probes.startup.failureThreshold }}
+{{- end }}
+
+{{/* progressDeadlineSeconds: the value set, or the startup budget plus 10 minutes (scheduling, image pull). */}}
+{{- define "specserve.progressDeadline" -}}
+{{- if .Values.progressDeadlineSeconds }}
+{{- .Values.progressDeadlineSeconds }}
+{{- else }}
+{{- add (include "specserve.startupBudget" . | int) 600 }}
+{{- end }}
+{{- end }}
+
+{{- define "specserve.inferencePoolName" -}}
+{{- .Values.inferencePool.name | default (include "specserve.fullname" .) }}
 {{- end }}
 
 {{/* Rules across several values, which values.schema.json cannot state with a clear message. */}}
@@ -114,5 +156,26 @@ app.kubernetes.io/part-of: specserve
 {{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%v) exceeds autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled .Values.keda.enabled }}
+{{- fail "enable autoscaling (an HPA) or keda (a ScaledObject, which makes its own HPA), not both" }}
+{{- end }}
+{{- if and .Values.keda.enabled (gt (int .Values.keda.minReplicas) (int .Values.keda.maxReplicas)) }}
+{{- fail (printf "keda.minReplicas (%v) exceeds keda.maxReplicas (%v)" .Values.keda.minReplicas .Values.keda.maxReplicas) }}
+{{- end }}
+{{- $budget := include "specserve.startupBudget" . | int }}
+{{- if and .Values.progressDeadlineSeconds (le (int .Values.progressDeadlineSeconds) $budget) }}
+{{- fail (printf "progressDeadlineSeconds (%v) must exceed the startup probe's budget of %v s (periodSeconds * failureThreshold), or a slow weight load is reported as a failed rollout" .Values.progressDeadlineSeconds $budget) }}
+{{- end }}
+{{- if .Values.inferencePool.enabled }}
+{{- if not .Values.inferencePool.endpointPicker.serviceName }}
+{{- fail "inferencePool.enabled=true needs inferencePool.endpointPicker.serviceName (the endpoint picker's Service)" }}
+{{- end }}
+{{- if ne .Values.metrics.prefix "vllm" }}
+{{- fail "inferencePool.enabled=true needs metrics.prefix=vllm: the endpoint picker reads vLLM's metric names (vllm:num_requests_waiting, vllm:kv_cache_usage_perc)" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.enabled=true needs at least one entry in ingress.hosts" }}
 {{- end }}
 {{- end }}
