@@ -37,6 +37,8 @@ COPY pyproject.toml ./
 COPY kernels ./kernels
 COPY engine ./engine
 COPY server ./server
+COPY bench ./bench
+COPY specserve ./specserve
 # torch is already satisfied, so this adds only specserve and its pure-Python dependencies.
 RUN uv pip install . \
  && specserve --help > /dev/null

@@ -2,22 +2,22 @@
 
 Public API::
 
-    from engine import LLM, SamplingParams            # offline
-    from engine import AsyncEngine, EngineConfig        # what the server drives
+    from specserve.engine import LLM, SamplingParams            # offline
+    from specserve.engine import AsyncEngine, EngineConfig        # what the server drives
 """
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.types import (CompletionOutput, FinishReason, ParamError, RequestOutput, SamplingParams,
+from specserve.engine.config import EngineConfig, SpeculativeConfig
+from specserve.engine.types import (CompletionOutput, FinishReason, ParamError, RequestOutput, SamplingParams,
                           SpecDecodeStats, StepStats)
 
 
 def __getattr__(name: str):
     # torch-heavy parts load lazily so that `import engine.types` stays cheap
     if name == "LLM":
-        from engine.llm import LLM
+        from specserve.engine.llm import LLM
         return LLM
     if name == "AsyncEngine":
-        from engine.async_engine import AsyncEngine
+        from specserve.engine.async_engine import AsyncEngine
         return AsyncEngine
     raise AttributeError(name)
 

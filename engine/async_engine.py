@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.errors import EngineDeadError, QueueFullError
-from engine.setup import EngineInfo
-from engine.types import RequestOutput, SamplingParams, StepStats
+from specserve.engine.config import EngineConfig
+from specserve.engine.core import EngineCore
+from specserve.engine.errors import EngineDeadError, QueueFullError
+from specserve.engine.setup import EngineInfo
+from specserve.engine.types import RequestOutput, SamplingParams, StepStats
 
 log = logging.getLogger("specserve.engine")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from engine.request import Request
-from engine.types import Logprob
+from specserve.engine.request import Request
+from specserve.engine.types import Logprob
 
 
 @dataclass

@@ -11,15 +11,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from engine.batch import RequestResult, ScheduledRequest
-from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import CapacityError
-from engine.kv_cache import KVCacheManager
-from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerLimits
-from engine.setup import EngineInfo, LoadedModels, load_models
-from engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
+from specserve.engine.batch import RequestResult, ScheduledRequest
+from specserve.engine.config import EngineConfig
+from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.errors import CapacityError
+from specserve.engine.kv_cache import KVCacheManager
+from specserve.engine.request import Request
+from specserve.engine.scheduler import Scheduler, SchedulerLimits
+from specserve.engine.setup import EngineInfo, LoadedModels, load_models
+from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
                           SamplingParams, SpecDecodeStats, StepStats)
 
 log = logging.getLogger("specserve.engine")

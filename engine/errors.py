@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.types import ParamError
+from specserve.engine.types import ParamError
 
 
 class QueueFullError(RuntimeError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional
 
-from engine.request import Request
+from specserve.engine.request import Request
 
 BlockKey = tuple[int, tuple[int, ...]]
 

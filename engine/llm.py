@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Optional, Sequence, Union
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.types import RequestOutput, SamplingParams
+from specserve.engine.config import EngineConfig, SpeculativeConfig
+from specserve.engine.core import EngineCore
+from specserve.engine.types import RequestOutput, SamplingParams
 
 Prompt = Union[str, list[int]]
 

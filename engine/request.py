@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Optional
 
-from engine.types import FinishReason, RequestTimes, SamplingParams, SpecDecodeStats
+from specserve.engine.types import FinishReason, RequestTimes, SamplingParams, SpecDecodeStats
 
 
 class RequestStatus(enum.Enum):

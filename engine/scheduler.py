@@ -18,10 +18,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from engine.batch import ScheduledRequest, SchedulerOutput
-from engine.kv_cache import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.types import FinishReason
+from specserve.engine.batch import ScheduledRequest, SchedulerOutput
+from specserve.engine.kv_cache import KVCacheManager
+from specserve.engine.request import Request, RequestStatus
+from specserve.engine.types import FinishReason
 
 
 @dataclass(frozen=True)

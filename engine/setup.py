@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import torch
 
-from engine.config import DEMO_MODEL, ConfigError, EngineConfig
-from engine.models.loader import load_model
-from engine.models.spec import ModelSpec, read_model_spec
-from engine.runner.draft_loop import DraftLoop
-from engine.runner.model_runner import ModelRunner
-from kernels.backend import set_backend, triton_available
+from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig
+from specserve.engine.models.loader import load_model
+from specserve.engine.models.spec import ModelSpec, read_model_spec
+from specserve.engine.runner.draft_loop import DraftLoop
+from specserve.engine.runner.model_runner import ModelRunner
+from specserve.kernels.backend import set_backend, triton_available
 
 log = logging.getLogger("specserve.engine")
 
@@ -58,7 +58,7 @@ def resolve_model_path(name: str, role: str) -> str:
     """``demo`` -> the embedded pair; otherwise a local checkpoint directory."""
     if name == DEMO_MODEL:
         try:
-            from engine import demo
+            from specserve.engine import demo
         except ImportError:
             raise ConfigError("the embedded demo pair is not part of this installation; pass --model DIR")
         path = demo.TARGET_DIR if role == "target" else demo.DRAFT_DIR

@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from kernels.backend import get_backend
+from specserve.kernels.backend import get_backend
 
 _MODULES = {
-    ("torch", "layers"): "kernels.ref_layers",
-    ("triton", "layers"): "kernels.triton_layers",
-    ("torch", "sampling"): "kernels.ref_sampling",
-    ("triton", "sampling"): "kernels.triton_sampling",
+    ("torch", "layers"): "specserve.kernels.ref_layers",
+    ("triton", "layers"): "specserve.kernels.triton_layers",
+    ("torch", "sampling"): "specserve.kernels.ref_sampling",
+    ("triton", "sampling"): "specserve.kernels.triton_sampling",
 }
 
 

@@ -34,7 +34,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from kernels.philox import (
+from specserve.kernels.philox import (
     ACCEPT,
     DRAFT,
     RECOVER,

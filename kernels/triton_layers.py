@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_attention import paged_attention
+from specserve.kernels.triton_attention import paged_attention
 
 __all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
            "attention_prologue", "paged_attention"]

@@ -31,9 +31,9 @@ from typing import Optional
 import torch
 import triton
 
-from kernels import sampling_triton_kernels as K
-from kernels.philox import DRAFT, SAMPLE
-from kernels.ref_sampling import _max_drafts
+from specserve.kernels import sampling_triton_kernels as K
+from specserve.kernels.philox import DRAFT, SAMPLE
+from specserve.kernels.ref_sampling import _max_drafts
 
 NT = 16       # candidate thresholds per bisection pass
 SBLOCK = 256  # vocabulary tile of a bisection pass ([SBLOCK, NT] comparisons)

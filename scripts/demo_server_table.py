@@ -1,6 +1,6 @@
 """Measure the demo pair's acceptance per temperature through a real ``specserve serve``.
 
-For each server mode a server is started on a free 127.0.0.1 port (``python -m server.cli serve``,
+For each server mode a server is started on a free 127.0.0.1 port (``python -m specserve.server.cli serve``,
 the demo pair, k=4), fixed seeded Python-code prompts are sent at each temperature, and the
 spec-decode counters are taken twice: as the delta of ``/metrics`` before and after the
 temperature, and as the sum of the responses' ``usage.spec_decode`` blocks. The two must agree
@@ -81,7 +81,7 @@ def start_server(port: int, extra: list[str], threads: int, timeout: float = 180
     Healthy means: our process is alive, /health answers 200 and /v1/models lists "demo" (so a
     server of someone else on the same port is never measured by mistake).
     """
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "specserve.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--device", "cpu", "--no-access-log", "--log-level", "warning", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -412,7 +412,7 @@ def write_markdown(result: dict, path: Path) -> None:
         f"- Machine: {result['machine']}, no GPU, shared with other work (load average "
         f"{result['load_average_before'][0]:.1f} before the run); the server ran {result['threads']} torch thread(s)",
         f"- k = {k} draft tokens per step",
-        f"- Server: `python -m server.cli serve --device cpu` with no model arguments (target = demo, "
+        f"- Server: `python -m specserve.server.cli serve --device cpu` with no model arguments (target = demo, "
         f"draft = demo, k = {k}), a fresh server per mode, on 127.0.0.1",
         f"- Load per temperature: {result['requests_per_temperature']} seeded requests (seeds "
         f"{SEED_BASE}..{SEED_BASE + result['requests_per_temperature'] - 1}, {len(result['prompts'])} "

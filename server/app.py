@@ -13,15 +13,15 @@ from typing import Any, AsyncIterator, Optional, Sequence
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from server import __version__
-from server.auth import APIKeyChecker
-from server.debug import build_debug_router
-from server.errors import install_error_handlers
-from server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
-from server.metrics import ServerMetrics
-from server.routes import build_router
-from server.serving import ServerState
-from server.tokens import TokenText
+from specserve.server import __version__
+from specserve.server.auth import APIKeyChecker
+from specserve.server.debug import build_debug_router
+from specserve.server.errors import install_error_handlers
+from specserve.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
+from specserve.server.metrics import ServerMetrics
+from specserve.server.routes import build_router
+from specserve.server.serving import ServerState
+from specserve.server.tokens import TokenText
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from fastapi import Request
 
-from server.errors import APIError
+from specserve.server.errors import APIError
 
 
 class APIKeyChecker:

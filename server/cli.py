@@ -2,27 +2,23 @@
 
 This is the only place that reads environment variables (``SPECSERVE_API_KEY``: comma-separated keys).
 
-Subcommands: ``serve`` here; other modules named ``server/bench*.py`` add theirs by defining
-``add_subparser(subparsers) -> None``, which registers a subcommand and sets
-``func=callable(args, environ) -> int``
-as its default (``parser.set_defaults(func=...)``).
+Subcommands: ``serve`` here; ``bench`` lives in :mod:`specserve.bench.cli`, which registers itself
+through ``add_subparser(subparsers)`` (its ``func=callable(args, environ) -> int`` default runs it).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
-import pkgutil
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
-from server.limits import DEFAULT_MAX_BODY_BYTES
+from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
+from specserve.server.limits import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger("specserve")
 
@@ -194,21 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_flags(serve)
     _add_server_flags(serve)
     serve.set_defaults(func=run_serve)
-    for module in _extra_command_modules():
-        module.add_subparser(sub)
+    from specserve.bench.cli import add_subparser as add_bench_subparser
+
+    add_bench_subparser(sub)
     return parser
-
-
-def _extra_command_modules() -> list[Any]:
-    import server
-
-    found = []
-    for info in pkgutil.iter_modules(server.__path__):
-        if info.name.startswith("bench"):
-            module = importlib.import_module(f"server.{info.name}")
-            if hasattr(module, "add_subparser"):
-                found.append(module)
-    return found
 
 
 def _describe(engine: Any, name: str, opts: ServerOptions) -> str:
@@ -267,8 +252,8 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return 2
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from engine import AsyncEngine
-    from server.app import create_app
+    from specserve.engine import AsyncEngine
+    from specserve.server.app import create_app
 
     try:
         engine = AsyncEngine(config)

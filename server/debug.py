@@ -16,9 +16,9 @@ from typing import Any, Optional
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.auth import APIKeyChecker
-from server.errors import APIError
-from server.protocol import ErrorResponse
+from specserve.server.auth import APIKeyChecker
+from specserve.server.errors import APIError
+from specserve.server.protocol import ErrorResponse
 
 
 class DebugState(BaseModel):

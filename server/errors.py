@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineDeadError, QueueFullError
-from engine.types import ParamError
+from specserve.engine.errors import EngineDeadError, QueueFullError
+from specserve.engine.types import ParamError
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from engine.types import CompletionOutput, FinishReason, RequestOutput, SpecDecodeStats, StepStats
+from specserve.engine.types import CompletionOutput, FinishReason, RequestOutput, SpecDecodeStats, StepStats
 
 prometheus_client.disable_created_metrics()  # no *_created series: counters only, as vLLM exports
 

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, StrictInt, StrictStr, model_validator
 
-from engine.types import SamplingParams
+from specserve.engine.types import SamplingParams
 
 _MAX_N = SamplingParams.MAX_N
 _MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS

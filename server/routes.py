@@ -11,17 +11,17 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from server import __version__
-from server.auth import APIKeyChecker
-from server.debug import engine_state
-from server.errors import APIError
-from server.metrics import CONTENT_TYPE
-from server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+from specserve.server import __version__
+from specserve.server.auth import APIKeyChecker
+from specserve.server.debug import engine_state
+from specserve.server.errors import APIError
+from specserve.server.metrics import CONTENT_TYPE
+from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                              CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList,
                              SpeculativeInfo, VersionResponse)
-from server.serving import ServerState
-from server.serving_chat import create_chat_completion
-from server.serving_completions import create_completion
+from specserve.server.serving import ServerState
+from specserve.server.serving_chat import create_chat_completion
+from specserve.server.serving_completions import create_completion
 
 _ERR = {"model": ErrorResponse}
 _V1_ERRORS: dict[int | str, dict[str, Any]] = {

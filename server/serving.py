@@ -21,12 +21,12 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
+from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
                           SamplingParams, SpecDecodeStats)
-from server.errors import APIError, bad_request, from_engine_error
-from server.metrics import RequestTracker, ServerMetrics
-from server.protocol import SamplingFields, SpecDecodeUsage, Usage
-from server.tokens import TokenText
+from specserve.server.errors import APIError, bad_request, from_engine_error
+from specserve.server.metrics import RequestTracker, ServerMetrics
+from specserve.server.protocol import SamplingFields, SpecDecodeUsage, Usage
+from specserve.server.tokens import TokenText
 
 logger = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.types import Logprob, RequestOutput
-from server.errors import bad_request
-from server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
+from specserve.engine.types import Logprob, RequestOutput
+from specserve.server.errors import bad_request
+from specserve.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
                              ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
                              ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob)
-from server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
+from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
                             ServerState, check_failed, check_text, clamp_logprob, new_request_id,
                             sampling_params, sse, stream_chunks, tokenize, until_disconnect,
                             usage_options)

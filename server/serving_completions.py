@@ -11,11 +11,11 @@ from typing import AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.types import Logprob, RequestOutput
-from server.errors import bad_request
-from server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+from specserve.engine.types import Logprob, RequestOutput
+from specserve.server.errors import bad_request
+from specserve.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                              CompletionStreamResponse)
-from server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
+from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
                             ServerState, check_failed, clamp_logprob, new_request_id, sampling_params,
                             sse, stream_chunks, tokenize, until_disconnect, usage_options)
 

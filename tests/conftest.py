@@ -74,7 +74,7 @@ def make_llm(tiny_checkpoint: Callable[[str], Path]):
 
     ``draft_model`` may also be a checkpoint name.
     """
-    from engine import LLM
+    from specserve.engine import LLM
 
     made: list[Any] = []
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import DEMO_MODEL as DEMO_NAME
+from specserve.engine.config import DEMO_MODEL as DEMO_NAME
 
 DEMO_DIR = Path(__file__).resolve().parent
 TARGET_DIR = DEMO_DIR / "target"

@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from engine.models.spec import ModelSpec
-from kernels import ops
+from specserve.engine.models.spec import ModelSpec
+from specserve.kernels import ops
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Optional
 
 import torch
 
-from engine.models.llama import LlamaFamilyModel
-from engine.models.rope import rope_tables
-from engine.models.spec import ModelSpec
+from specserve.engine.models.llama import LlamaFamilyModel
+from specserve.engine.models.rope import rope_tables
+from specserve.engine.models.spec import ModelSpec
 
 log = logging.getLogger("specserve.loader")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.spec import ModelSpec, load_hf_config
+from specserve.engine.models.spec import ModelSpec, load_hf_config
 
 
 def _default_inv_freq(theta: float, dim: int) -> torch.Tensor:

@@ -22,9 +22,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
-from engine.runner.inputs import ForwardItem
-from engine.runner.transfer import host_buffer, host_tensor, to_device
+from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
+from specserve.engine.runner.inputs import ForwardItem
+from specserve.engine.runner.transfer import host_buffer, host_tensor, to_device
 
 log = logging.getLogger("specserve.runner")
 

@@ -30,12 +30,12 @@ from typing import Optional
 
 import torch
 
-from engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
-from engine.request import Request
-from engine.runner.cuda_graphs import buckets_up_to, capture_pieces, first_piece_layers
-from engine.runner.sampling_inputs import host_fields
-from engine.runner.transfer import host_buffer
-from kernels import ops
+from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
+from specserve.engine.request import Request
+from specserve.engine.runner.cuda_graphs import buckets_up_to, capture_pieces, first_piece_layers
+from specserve.engine.runner.sampling_inputs import host_fields
+from specserve.engine.runner.transfer import host_buffer
+from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
 

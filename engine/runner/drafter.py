@@ -17,14 +17,14 @@ from typing import Callable, Optional
 
 import torch
 
-from engine.batch import RequestResult, ScheduledRequest
-from engine.request import Request
-from engine.runner.draft_loop import DraftLoop, LoopRow
-from engine.runner.inputs import ForwardItem
-from engine.runner.logits import RowContext, apply_processors, needs_processing
-from engine.runner.sampling_inputs import SamplingTensors
-from engine.runner.transfer import to_device
-from kernels import ops
+from specserve.engine.batch import RequestResult, ScheduledRequest
+from specserve.engine.request import Request
+from specserve.engine.runner.draft_loop import DraftLoop, LoopRow
+from specserve.engine.runner.inputs import ForwardItem
+from specserve.engine.runner.logits import RowContext, apply_processors, needs_processing
+from specserve.engine.runner.sampling_inputs import SamplingTensors
+from specserve.engine.runner.transfer import to_device
+from specserve.kernels import ops
 
 # forward(items) -> logits [sum(num_logits), V_target] of the draft model (None: no logits rows)
 DraftForward = Callable[[list[ForwardItem]], Optional[torch.Tensor]]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.llama import AttentionMetadata
-from engine.runner.transfer import to_device
+from specserve.engine.models.llama import AttentionMetadata
+from specserve.engine.runner.transfer import to_device
 
 
 @dataclass

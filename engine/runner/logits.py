@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import Request
-from engine.types import Logprob
+from specserve.engine.request import Request
+from specserve.engine.types import Logprob
 
 
 @dataclass

@@ -13,15 +13,15 @@ from typing import Optional
 
 import torch
 
-from engine.batch import ModelRunnerOutput, SchedulerOutput
-from engine.models.llama import KVCache, LlamaFamilyModel
-from engine.models.spec import ModelSpec
-from engine.runner.cuda_graphs import GraphedForward
-from engine.runner.draft_loop import DraftLoop, fit_vocab
-from engine.runner.drafter import can_chain, chain, finish_chained, propose
-from engine.runner.inputs import ForwardItem, build_inputs
-from engine.runner.verifier import Verification, start_verification
-from kernels import ops
+from specserve.engine.batch import ModelRunnerOutput, SchedulerOutput
+from specserve.engine.models.llama import KVCache, LlamaFamilyModel
+from specserve.engine.models.spec import ModelSpec
+from specserve.engine.runner.cuda_graphs import GraphedForward
+from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
+from specserve.engine.runner.drafter import can_chain, chain, finish_chained, propose
+from specserve.engine.runner.inputs import ForwardItem, build_inputs
+from specserve.engine.runner.verifier import Verification, start_verification
+from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
 

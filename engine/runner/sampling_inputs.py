@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import Request
-from engine.runner.transfer import to_device
+from specserve.engine.request import Request
+from specserve.engine.runner.transfer import to_device
 
 
 def host_fields(reqs: list[Request], positions: list[int],

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.batch import RequestResult, ScheduledRequest
-from engine.runner.logits import RowContext, apply_processors, logprobs_for
-from engine.runner.sampling_inputs import SamplingTensors
-from engine.runner.transfer import to_device
-from kernels import ops
+from specserve.engine.batch import RequestResult, ScheduledRequest
+from specserve.engine.runner.logits import RowContext, apply_processors, logprobs_for
+from specserve.engine.runner.sampling_inputs import SamplingTensors
+from specserve.engine.runner.transfer import to_device
+from specserve.kernels import ops
 
 
 class MissingDraftProbsError(RuntimeError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.bench.options import SECTIONS, options_from_args
-from server.bench.report import Column, Section, at_least, at_most, markdown_table, within
-from server.cli import build_parser
+from specserve.bench.options import SECTIONS, options_from_args
+from specserve.bench.report import Column, Section, at_least, at_most, markdown_table, within
+from specserve.server.cli import build_parser
 
 
 @pytest.mark.parametrize("value,limit,expected", [
@@ -74,6 +74,6 @@ def test_requests_per_level_are_bounded():
     (1.64e10, "bytes", "16.4 GB"), (3.35e12, "bw", "3,350 GB/s"), (0.851, "pct", "85.1%"),
     (None, "time", "–"), ("skipped: why", "time", "skipped: why"), (True, "bool", "yes")])
 def test_units(value, kind, text):
-    from server.bench.report import fmt
+    from specserve.bench.report import fmt
 
     assert fmt(value, kind) == text

@@ -34,7 +34,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
     draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
     out = root / "out"
-    cmd = [sys.executable, "-m", "server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
+    cmd = [sys.executable, "-m", "specserve.server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
            "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
            "--serve-output-len", str(SERVE_OUTPUT)]
@@ -164,7 +164,7 @@ def test_serve_levels_add_up(bench_run):
 
 def test_sampler_section(bench_run):
     s = bench_run["doc"]["sections"]["sampler"]
-    if not (REPO / "benchmarks" / "rejection_sampler.py").exists():
+    if not (REPO / "bench" / "rejection_sampler.py").exists():
         assert s["skipped"] and "rejection_sampler.py" in s["skipped"]
         return
     assert s["error"] is None, s["error"]
@@ -214,7 +214,7 @@ def test_markdown_tables_and_plots(bench_run):
 def test_a_failing_pair_is_contained_and_fails_the_run(tmp_path):
     """A broken --pair-target fails its e2e rows and the exit status; the dummy pairs still run."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
+    cmd = [sys.executable, "-m", "specserve.server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
            "--sections", "e2e", "--batch-sizes", "1", "--pair-target", str(tmp_path / "missing-t"),
            "--pair-draft", str(tmp_path / "missing-d"), "--no-plots"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)

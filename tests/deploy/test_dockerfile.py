@@ -74,7 +74,7 @@ def test_copy_sources_exist_and_reach_the_build_context() -> None:
     for word, rest in instructions():
         if word == "COPY" and "--from=" not in rest:
             sources += rest.split()[:-1]
-    assert {"pyproject.toml", "server", "engine", "kernels"} <= set(sources)
+    assert {"pyproject.toml", "specserve", "server", "engine", "kernels", "bench"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
         assert not _ignored(src, patterns), f"COPY {src}: excluded by .dockerignore"

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.types import RequestOutput, SamplingParams, StepStats  # noqa: E402
+from specserve.engine.types import RequestOutput, SamplingParams, StepStats  # noqa: E402
 
 
 class HFOracle:

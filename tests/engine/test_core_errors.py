@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.errors import CapacityError  # noqa: E402
-from engine.types import FinishReason, ParamError, SamplingParams  # noqa: E402
+from specserve.engine.errors import CapacityError  # noqa: E402
+from specserve.engine.types import FinishReason, ParamError, SamplingParams  # noqa: E402
 
 MODEL = "llama"
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

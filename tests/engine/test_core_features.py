@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.types import FinishReason, SamplingParams  # noqa: E402
+from specserve.engine.types import FinishReason, SamplingParams  # noqa: E402
 
 MODEL = "llama"
 EOS = 0                   # "<|endoftext|>" in the tiny tokenizer
@@ -315,7 +315,7 @@ def test_abort_with_pending_drafts_frees_their_probabilities(make_llm, hf, promp
 
 def test_the_leak_check_catches_a_request_left_behind(tiny_checkpoint):
     """The post-test check of ``make_llm`` is not vacuous."""
-    from engine import LLM
+    from specserve.engine import LLM
     from tests.conftest import assert_engine_clean
 
     llm = LLM(model=str(tiny_checkpoint(MODEL)), device="cpu", dtype="float32")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.types import FinishReason, SamplingParams
+from specserve.engine.types import FinishReason, SamplingParams
 
 ALL = ["llama", "qwen2", "qwen3", "qwen3_tied", "llama_rope_llama3", "qwen2_rope_linear"]
 BASE = ["llama", "qwen2", "qwen3"]

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 stats = pytest.importorskip("scipy.stats")
 
-from engine.types import SamplingParams  # noqa: E402
+from specserve.engine.types import SamplingParams  # noqa: E402
 
 ALPHA = 1e-4              # false-failure probability of one goodness-of-fit check
 NUM_REQUESTS, N_PER_REQUEST = 16, 128
@@ -215,7 +215,7 @@ def _wrong_row_distribution(kind: str, original):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_distribution_check_fails_on_a_wrong_sampler(case, make_llm, hf, dist_prompt, monkeypatch):
     """The checker is checked: a sampler that drops one part of the transform must be caught."""
-    from kernels import ref_sampling
+    from specserve.kernels import ref_sampling
 
     filters, breakage = CASES[case]
     monkeypatch.setattr(ref_sampling, "row_distribution",

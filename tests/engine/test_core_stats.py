@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.types import SamplingParams
+from specserve.engine.types import SamplingParams
 
 MODEL = "qwen2"
 

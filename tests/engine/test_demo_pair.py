@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 torch = pytest.importorskip("torch")
 
-from engine import demo  # noqa: E402
+from specserve.engine import demo  # noqa: E402
 
 SNIPPET = Path(__file__).resolve().parents[1] / "data" / "heldout_snippet.py"
 TOL_RATE = 0.01
@@ -40,8 +40,8 @@ def card() -> dict:
 
 def _load(path: Path):
     """The project's own loader (the serving path), fp32 on the CPU."""
-    from engine.models.loader import load_model
-    from engine.models.spec import read_model_spec
+    from specserve.engine.models.loader import load_model
+    from specserve.engine.models.spec import read_model_spec
 
     spec = read_model_spec(path)
     return load_model(spec, torch.device("cpu"), torch.float32, spec.max_position_embeddings)
@@ -50,7 +50,7 @@ def _load(path: Path):
 @torch.no_grad()
 def _logits(model, ids: list[int], block_size: int = 16) -> "torch.Tensor":
     """One prefill of ``ids`` through the engine's model over a fresh paged KV cache -> [n, vocab]."""
-    from engine.models.llama import AttentionMetadata
+    from specserve.engine.models.llama import AttentionMetadata
 
     spec, n = model.spec, len(ids)
     blocks = -(-n // block_size)

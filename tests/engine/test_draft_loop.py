@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from engine import SamplingParams
+from specserve.engine import SamplingParams
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -66,7 +66,7 @@ def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_
     chained_calls = _count_launches(chained)
     a = chained.generate(prompts, params)
     with monkeypatch.context() as m:
-        m.setattr("engine.runner.model_runner.can_chain", lambda sampling, loop: False)
+        m.setattr("specserve.engine.runner.model_runner.can_chain", lambda sampling, loop: False)
         after_read = make_llm(pair[0], **kwargs)
         after_read_calls = _count_launches(after_read)
         b = after_read.generate(prompts, params)
@@ -85,7 +85,7 @@ def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_
 def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm, monkeypatch,
                                                                  chained):
     if not chained:
-        monkeypatch.setattr("engine.runner.model_runner.can_chain", lambda sampling, loop: False)
+        monkeypatch.setattr("specserve.engine.runner.model_runner.can_chain", lambda sampling, loop: False)
     prompts, params = _workload(seed=5)
     llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=4, num_kv_blocks=64)
     runner = llm.core.runner

@@ -7,7 +7,7 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import SamplingParams
+from specserve.engine import SamplingParams
 from tests.helpers.checkpoints import make_tiny_checkpoint
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request
-from engine.types import SamplingParams
+from specserve.engine.request import Request
+from specserve.engine.types import SamplingParams
 
 torch = pytest.importorskip("torch")
 
-from engine.runner.sampling_inputs import SamplingTensors  # noqa: E402
+from specserve.engine.runner.sampling_inputs import SamplingTensors  # noqa: E402
 
 
 def _request(i: int) -> Request:

@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from engine import SamplingParams
-from engine.config import ConfigError
-from engine.runner.verifier import MissingDraftProbsError
+from specserve.engine import SamplingParams
+from specserve.engine.config import ConfigError
+from specserve.engine.runner.verifier import MissingDraftProbsError
 from tests.conftest import assert_engine_clean
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
@@ -152,7 +152,7 @@ def test_draft_with_a_padded_vocabulary_works(pair, make_llm, tmp_path):
 
 
 def test_a_draft_with_another_tokenizer_is_refused_at_start(pair, tmp_path):
-    from engine import LLM
+    from specserve.engine import LLM
 
     other = make_tiny_checkpoint(tmp_path / "other_tok", "llama", vocab_size=300)
     with pytest.raises(ConfigError, match="different tokenizer"):

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.core import EngineCore
-from kernels import ref_sampling
+from specserve.engine import LLM, SamplingParams
+from specserve.engine.core import EngineCore
+from specserve.kernels import ref_sampling
 from tests.engine.spec_oracle import Oracle, sequential_chi_square
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from specserve.engine import LLM, SamplingParams
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
 pytestmark = [pytest.mark.gpu,

@@ -50,7 +50,7 @@ def _mixed_batch(num_reqs: int, seed: int) -> tuple[list[int], list[int]]:
 
 
 def _run(case, splits=None):
-    from kernels import ref_layers, triton_attention
+    from specserve.kernels import ref_layers, triton_attention
 
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
             case.seq_lens, case.scale)
@@ -89,7 +89,7 @@ def test_paged_attention_decode_split_kv(dtype: torch.dtype, splits) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_elementwise_kernels(dtype: torch.dtype) -> None:
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(64, 4096, device="cuda", generator=gen).to(dtype)
@@ -151,7 +151,7 @@ def _time_us(fn, iters: int = 50) -> float:
 @pytest.mark.parametrize("context", [1024, 8192])
 def test_decode_attention_timing(context: int) -> None:
     """Not asserted: prints decode attention time and KV bandwidth at batch 1 and 64 (bf16)."""
-    from kernels import ref_layers, triton_attention
+    from specserve.kernels import ref_layers, triton_attention
 
     for batch in (1, 64):
         case = make_paged_case([1] * batch, [context] * batch, HQ, HK, D, BLOCK, torch.bfloat16,

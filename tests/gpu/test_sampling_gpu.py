@@ -24,9 +24,9 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from kernels import philox as P  # noqa: E402
-from kernels import ref_sampling as R  # noqa: E402
-from kernels import triton_sampling as TS  # noqa: E402
+from specserve.kernels import philox as P  # noqa: E402
+from specserve.kernels import ref_sampling as R  # noqa: E402
+from specserve.kernels import triton_sampling as TS  # noqa: E402
 
 try:
     from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel

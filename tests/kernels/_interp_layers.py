@@ -30,7 +30,7 @@ ATTN_ATOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
 def _both(case, splits=None):
-    from kernels import ref_layers, triton_attention
+    from specserve.kernels import ref_layers, triton_attention
 
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
             case.seq_lens, case.scale)
@@ -71,7 +71,7 @@ def test_paged_attention_split_kv(splits: int) -> None:
 
 def test_paged_attention_through_ops_with_strided_q() -> None:
     """The kernels.ops entry point with q a strided view of a fused qkv tensor."""
-    from kernels import backend, ops, ref_layers
+    from specserve.kernels import backend, ops, ref_layers
 
     case = make_paged_case(*MIXES["verify"], 4, 2, 16, 16, torch.float32, seed=4)
     qkv = torch.cat([case.q.flatten(1), torch.zeros(case.q.shape[0], 8)], dim=1)
@@ -90,7 +90,7 @@ def test_paged_attention_through_ops_with_strided_q() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_norms(dtype: torch.dtype) -> None:
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(5, 48, generator=gen) * 2).to(dtype)
@@ -107,7 +107,7 @@ def test_norms(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_silu_and_mul(dtype: torch.dtype) -> None:
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     x = torch.randn(4, 2 * 40, generator=torch.Generator().manual_seed(2)).to(dtype)
     atol = 1e-6 if dtype == torch.float32 else 0.0
@@ -118,7 +118,7 @@ def test_silu_and_mul(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("rot_dim", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rotary_in_place(rot_dim: int, dtype: torch.dtype) -> None:
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(6, 4, 16, generator=gen).to(dtype)
@@ -136,7 +136,7 @@ def test_rotary_in_place(rot_dim: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_write_kv(dtype: torch.dtype) -> None:
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     gen = torch.Generator().manual_seed(6)
     k = torch.randn(6, 2, 24, generator=gen).to(dtype)
@@ -155,7 +155,7 @@ def test_write_kv(dtype: torch.dtype) -> None:
 def test_attention_prologue(qk_norm: bool, rot_dim: int, dtype: torch.dtype) -> None:
     """The fused q/k norm + rotary + KV write equals the reference op by op (GQA, partial
     rotary, skipped slots), and leaves its qkv input untouched."""
-    from kernels import ref_layers, triton_layers
+    from specserve.kernels import ref_layers, triton_layers
 
     gen = torch.Generator().manual_seed(rot_dim + qk_norm)
     hq, hk, d, n = 6, 2, 16, 7

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import sampling_triton_kernels as K
+from specserve.kernels import sampling_triton_kernels as K
 
 
 @triton.jit

@@ -46,7 +46,7 @@ def make_paged_case(q_lens: list[int], seq_lens: list[int], num_q_heads: int, nu
 
     ``pad_rows`` extra query rows at the end belong to no request (like CUDA-graph padding).
     """
-    from kernels import ref_layers
+    from specserve.kernels import ref_layers
 
     gen = torch.Generator().manual_seed(seed)
     num_reqs = len(q_lens)

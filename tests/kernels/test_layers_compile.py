@@ -55,7 +55,7 @@ def _compile(fn, dtype: str, constexprs: dict, num_warps: int = 4) -> int:
     ("fp32", 64, 32, 1, 4),     # fp32 model (IEEE dots)
 ])
 def test_paged_attention_compiles(dtype: str, rows: int, block_n: int, splits: int, warps: int) -> None:
-    from kernels import triton_attention
+    from specserve.kernels import triton_attention
 
     consts = dict(NUM_Q_HEADS=32, GROUP=4, GROUP_PAD=4, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16,
                   BLOCK_Q=rows // 4, BLOCK_N=block_n, NUM_SPLITS=splits,
@@ -68,7 +68,7 @@ def test_paged_attention_compiles(dtype: str, rows: int, block_n: int, splits: i
 
 
 def test_elementwise_kernels_compile() -> None:
-    from kernels import triton_layers as tl_
+    from specserve.kernels import triton_layers as tl_
 
     _compile(tl_._rms_norm_kernel, "bf16", dict(HAS_RESIDUAL=True, BLOCK_H=4096), 8)
     _compile(tl_._rms_norm_kernel, "fp32", dict(HAS_RESIDUAL=False, BLOCK_H=128), 1)

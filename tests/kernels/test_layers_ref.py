@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import ref_layers
+from specserve.kernels import ref_layers
 
 try:
     from tests.kernels.test_layers_cases import MIXES, dense_attention, make_paged_case, rotary_cache

@@ -64,7 +64,7 @@ def make_verify_case(ks: list[int], params: list[tuple], vocab: int, seed: int,
     ``greedy_drafts``: drafts are the draft logits' argmax (draft_sample_method=greedy).
     Built on ``device`` (random logits from a generator there; drafts from the reference).
     """
-    from kernels import ref_sampling as R
+    from specserve.kernels import ref_sampling as R
 
     gen = torch.Generator().manual_seed(seed)
     dgen = torch.Generator(device=device).manual_seed(seed)
@@ -103,7 +103,7 @@ def replicated_case(n: int, k: int, params: tuple, vocab: int, seed: int,
     x_j ~ q_j are independent torch.multinomial draws (the draws themselves are not under test;
     sample_draft's distribution is tested on its own).
     """
-    from kernels import ref_sampling as R
+    from specserve.kernels import ref_sampling as R
 
     gen = torch.Generator().manual_seed(seed)
     target_one = torch.randn(k + 1, vocab, generator=gen) * 1.5             # [k + 1, V]

@@ -42,7 +42,7 @@ ROW_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", cu_ptr=PI
 
 @pytest.mark.parametrize("has_cu,race", [(True, False), (False, True)])
 def test_row_pass_kernel_compiles(has_cu: bool, race: bool) -> None:
-    from kernels import sampling_triton_kernels as K
+    from specserve.kernels import sampling_triton_kernels as K
 
     _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, LOG_B=9,
                                               BLOCK=1024, NT=16, SBLOCK=256, TILES=128))
@@ -50,7 +50,7 @@ def test_row_pass_kernel_compiles(has_cu: bool, race: bool) -> None:
 
 @pytest.mark.parametrize("has_q", [True, False])
 def test_final_race_kernel_compiles(has_q: bool) -> None:
-    from kernels import sampling_triton_kernels as K
+    from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
                drafts_ptr=PI64,
@@ -60,7 +60,7 @@ def test_final_race_kernel_compiles(has_q: bool) -> None:
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
-    from kernels import sampling_triton_kernels as K
+    from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(cu_ptr=PI32, drafts_ptr=PI64, temp_ptr=P32, part_rv=P32, part_ri=PI32,
                part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32,

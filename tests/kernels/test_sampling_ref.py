@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from kernels import philox as P
-from kernels import ref_sampling as R
+from specserve.kernels import philox as P
+from specserve.kernels import ref_sampling as R
 
 try:
     from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors

@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from kernels import ref_sampling as R
+from specserve.kernels import ref_sampling as R
 
 try:
     from tests.kernels.test_sampling_cases import PARAM_SETS, chi2_pvalue, param_tensors, replicated_case

@@ -43,9 +43,9 @@ else:
     import triton
     import triton.language as tl
 
-    from kernels import philox as P
-    from kernels import ref_sampling as R
-    from kernels import triton_sampling as TS
+    from specserve.kernels import philox as P
+    from specserve.kernels import ref_sampling as R
+    from specserve.kernels import triton_sampling as TS
 
     try:
         from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel

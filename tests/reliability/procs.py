@@ -37,7 +37,7 @@ class ServerProcess:
         self._log = tempfile.NamedTemporaryFile(prefix="specserve-", suffix=".log", delete=False)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONUNBUFFERED": "1", **(environ or {})}
-        cmd = [sys.executable, "-m", "server.cli", "serve", *argv, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "specserve.server.cli", "serve", *argv, "--host", "127.0.0.1",
                "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from server.auth import APIKeyChecker
+from specserve.server.auth import APIKeyChecker
 from tests.reliability.conftest import API_KEY, ENV_KEY
 from tests.reliability.procs import ServerProcess
 

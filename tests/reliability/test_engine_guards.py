@@ -10,7 +10,7 @@ import asyncio
 
 import httpx
 
-from engine.types import ParamError, SamplingParams
+from specserve.engine.types import ParamError, SamplingParams
 from tests.reliability.clients import run_request
 from tests.reliability.conftest import MAX_RUNNING, MAX_WAITING
 

@@ -23,9 +23,9 @@ class LiveServer:
     """``specserve serve ARGV`` on a free loopback port, in this process."""
 
     def __init__(self, argv: Sequence[str], environ: Optional[Mapping[str, str]] = None):
-        from engine import AsyncEngine
-        from server.app import create_app
-        from server.cli import build_parser, engine_config, make_server, server_options
+        from specserve.engine import AsyncEngine
+        from specserve.server.app import create_app
+        from specserve.server.cli import build_parser, engine_config, make_server, server_options
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

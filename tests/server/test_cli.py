@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.config import DEMO_MODEL, ConfigError
-from server.cli import build_parser, engine_config, main, server_options
+from specserve.engine.config import DEMO_MODEL, ConfigError
+from specserve.server.cli import build_parser, engine_config, main, server_options
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def _free_port() -> int:
 def _start(tiny_pair, *extra: str) -> tuple[subprocess.Popen, str, list[str]]:
     port = _free_port()
     target, draft = tiny_pair
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(target), "--draft-model", str(draft),
+    cmd = [sys.executable, "-m", "specserve.server.cli", "serve", "--model", str(target), "--draft-model", str(draft),
            "--num-speculative-tokens", "3", "--device", "cpu", "--port", str(port),
            "--api-key", "sk-very-secret", "--served-model-name", "tiny", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

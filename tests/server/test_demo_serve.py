@@ -57,7 +57,7 @@ def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # one torch thread: far faster than two on a small CPU shared with other work (MODEL_CARD.md)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "specserve.server.cli", "serve", "--port", str(port),
                                  "--device", "cpu"], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

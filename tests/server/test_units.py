@@ -7,12 +7,12 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.types import (CompletionOutput, FinishReason, RequestOutput, RequestTimes, SpecDecodeStats,
+from specserve.engine.types import (CompletionOutput, FinishReason, RequestOutput, RequestTimes, SpecDecodeStats,
                           StepStats)
-from server.auth import APIKeyChecker
-from server.errors import validation_error
-from server.metrics import ServerMetrics, acceptance_buckets
-from server.tokens import TokenText
+from specserve.server.auth import APIKeyChecker
+from specserve.server.errors import validation_error
+from specserve.server.metrics import ServerMetrics, acceptance_buckets
+from specserve.server.tokens import TokenText
 
 
 def _samples(m: ServerMetrics) -> dict:

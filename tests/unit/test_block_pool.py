@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache import BlockPool, block_keys
+from specserve.engine.kv_cache import BlockPool, block_keys
 
 
 def _keys(tokens: list[int], block_size: int = 4) -> list:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.detokenizer import IncrementalDetokenizer
 
 MULTILINGUAL = "Grüße aus Köln — naïve café, 東京, emoji 🚀✨. Hello, world!"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.kv_cache import KVCacheManager
-from engine.request import Request
-from engine.types import SamplingParams
+from specserve.engine.kv_cache import KVCacheManager
+from specserve.engine.request import Request
+from specserve.engine.types import SamplingParams
 
 BS = 4
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request, RequestStatus
-from engine.types import ParamError, SamplingParams, SpecDecodeStats
+from specserve.engine.request import Request, RequestStatus
+from specserve.engine.types import ParamError, SamplingParams, SpecDecodeStats
 
 
 def _req(prompt_len: int = 5, max_tokens: int = 10) -> Request:

@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from engine.batch import SchedulerOutput
-from engine.kv_cache import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.scheduler import Scheduler, SchedulerLimits
-from engine.types import FinishReason, SamplingParams
+from specserve.engine.batch import SchedulerOutput
+from specserve.engine.kv_cache import KVCacheManager
+from specserve.engine.request import Request, RequestStatus
+from specserve.engine.scheduler import Scheduler, SchedulerLimits
+from specserve.engine.types import FinishReason, SamplingParams
 
 BS = 4
 TOKEN = 7

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["engine", "engine.types", "engine.config", "engine.errors", "engine.request", "engine.batch",
-           "engine.kv_cache", "engine.scheduler", "engine.detokenizer"]
+MODULES = ["specserve.engine", "specserve.engine.types", "specserve.engine.config", "specserve.engine.errors", "specserve.engine.request", "specserve.engine.batch",
+           "specserve.engine.kv_cache", "specserve.engine.scheduler", "specserve.engine.detokenizer"]
 
 
 def test_scheduler_block_pool_and_requests_do_not_import_torch():

@@ -1,7 +1,7 @@
-"""Section 3: the rejection sampler, measured by ``benchmarks/rejection_sampler.py`` (its author's
+"""Section 3: the rejection sampler, measured by ``bench/rejection_sampler.py`` (its author's
 benchmark: called here, not duplicated) and judged against the issue's goals.
 
-It runs as a child process (``python benchmarks/rejection_sampler.py --device ... --out
+It runs as a child process (``python bench/rejection_sampler.py --device ... --out
 DIR/rejection_sampler``): on CPU it must set TRITON_INTERPRET=1 before Triton kernels are imported,
 which this process cannot do any more, and its device memory is its own. Its JSON and Markdown
 stay in DIR beside bench.json. Goals per (B, k): at most half the bytes of vLLM Model Runner V2's
@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from server.bench.context import BenchContext
-from server.bench.report import Column, Section, at_least, at_most, is_met
+from specserve.bench.context import BenchContext
+from specserve.bench.report import Column, Section, at_least, at_most, is_met
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "benchmarks" / "rejection_sampler.py"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).with_name("rejection_sampler.py")
+SCRIPT_MODULE = "specserve.bench.rejection_sampler"
 BYTES_GOAL = 0.5          # x vLLM MRv2 bytes
 BANDWIDTH_GOAL = 0.70     # of copy bandwidth, at B >= 64
 STEP_GOAL = 0.05          # of a decode step
@@ -43,10 +44,10 @@ COLUMNS = [Column("batch", "B", "int"), Column("k", "k", "int"),
 def sampler(ctx: BenchContext) -> Section:
     title = "Rejection sampler: time and bytes moved"
     if not SCRIPT.exists():
-        return Section("sampler", title, COLUMNS, skipped="benchmarks/rejection_sampler.py is not in this checkout")
+        return Section("sampler", title, COLUMNS, skipped="bench/rejection_sampler.py is not in this checkout")
     o = ctx.opts
     stem = ctx.out / "rejection_sampler"
-    cmd = [sys.executable, str(SCRIPT), "--device", ctx.device.type, "--out", str(stem)]
+    cmd = [sys.executable, "-m", SCRIPT_MODULE, "--device", ctx.device.type, "--out", str(stem)]
     if ctx.device.type == "cpu" and o.quick:
         cmd += QUICK_ARGS
     elif ctx.dtype != "float32":
@@ -64,7 +65,7 @@ def sampler(ctx: BenchContext) -> Section:
     ctx.log(f"sampler: {len(rows)} sizes, {sum(is_met(r['status']) for r in rows)} meet every goal")
     own_md = stem.with_suffix(".md").read_text() if stem.with_suffix(".md").exists() else ""
     bw = res.get("copy_bandwidth_gbps", 0) * 1e9
-    notes = [f"Measured by benchmarks/rejection_sampler.py on {res.get('device')} (its command: "
+    notes = [f"Measured by bench/rejection_sampler.py on {res.get('device')} (its command: "
              f"`{' '.join(['python', *cmd[1:]])}`; raw: rejection_sampler.json, log: rejection_sampler.log).",
              f"% of copy BW is against its own copy-bandwidth measurement ({bw / 1e9:,.0f} GB/s).",
              "Device time: the call replayed as a CUDA graph (the GPU's own time; in a step the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from server.bench.report import Section
+from specserve.bench.report import Section
 
 
 def _pyplot():

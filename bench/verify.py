@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from benchmarks.engines import forward_items, time_forward, weight_bytes
-from benchmarks.timing import median, time_calls
-from engine.core import EngineCore
-from engine.request import Request
-from engine.runner.draft_loop import LoopRow
-from engine.types import SamplingParams
+from specserve.bench.engines import forward_items, time_forward, weight_bytes
+from specserve.bench.timing import median, time_calls
+from specserve.engine.core import EngineCore
+from specserve.engine.request import Request
+from specserve.engine.runner.draft_loop import LoopRow
+from specserve.engine.types import SamplingParams
 
 
 def verify_costs(core: EngineCore, ks: Sequence[int], context: int, warmup: int,

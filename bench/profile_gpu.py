@@ -5,7 +5,7 @@ batch 1, this prints per step: wall time, the summed duration of the device kern
 count, the largest kernels by total time, and the host functions that cost the most
 (cProfile). Wall minus kernel time is what the host adds on top of the device.
 
-    python benchmarks/profile_gpu.py [--steps 20] [--batch 1] [--out profile.txt]
+    python -m specserve.bench.profile_gpu [--steps 20] [--batch 1] [--out profile.txt]
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import shapes
-from benchmarks.engines import ModelCache, random_prompts
-from engine.types import SamplingParams
+from specserve.bench import shapes
+from specserve.bench.engines import ModelCache, random_prompts
+from specserve.engine.types import SamplingParams
 
 
 def _kernel_table(prof, steps: int, top: int) -> tuple[float, float, str]:
@@ -102,11 +102,11 @@ def profile_core(core, label: str, batch: int, steps: int, out) -> None:
 
 
 def profile_sampler(out, steps: int) -> None:
-    from kernels import triton_sampling as TS
+    from specserve.kernels import triton_sampling as TS
 
     ns = argparse.Namespace(device="cuda", vocab=151936, dtype="bfloat16", noise=1.0, temperature=1.0,
                             top_k=0, top_p=1.0, one_hot=False)
-    from benchmarks.rejection_sampler import make_inputs
+    from specserve.bench.rejection_sampler import make_inputs
 
     for b, k in ((1, 4), (64, 5), (256, 8)):
         x = make_inputs(b, k, ns)

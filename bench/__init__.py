@@ -1,7 +1,7 @@
 """Measurements behind ``specserve bench`` (issue 6), usable on their own from Python.
 
 Each module measures one thing and returns plain numbers (dicts and dataclasses); judging them
-against goals, tables, JSON and plots live in :mod:`server.bench`.
+against goals, tables, JSON and plots live in :mod:`specserve.bench.report` / ``main``.
 
 * ``timing``     device clocks, copy bandwidth, percentiles, the environment record
 * ``shapes``     Qwen3-8B-like / Qwen3-0.6B-like (and tiny) configs + a full-vocabulary tokenizer
@@ -13,6 +13,6 @@ against goals, tables, JSON and plots live in :mod:`server.bench`.
 * ``serve_load`` a real ``specserve serve`` process driven at fixed concurrency over HTTP
 * ``rejection_sampler`` (its own author) the fused rejection sampler's time and bytes
 
-Imports point ``benchmarks -> engine -> kernels``; nothing here imports ``server`` (the serve
+Imports point ``bench -> engine -> kernels``; nothing here imports ``server`` (the serve
 benchmark starts the server as a separate process, like any client would).
 """

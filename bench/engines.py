@@ -21,17 +21,17 @@ from typing import Any, Optional
 
 import torch
 
-from benchmarks.timing import median, synchronize, time_calls
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.models.llama import LlamaFamilyModel
-from engine.models.loader import load_model
-from engine.models.spec import read_model_spec
-from engine.runner.inputs import ForwardItem
-from engine.runner.model_runner import ModelRunner
-from engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
-from engine.types import SamplingParams, SpecDecodeStats
-from kernels.backend import set_backend
+from specserve.bench.timing import median, synchronize, time_calls
+from specserve.engine.config import EngineConfig, SpeculativeConfig
+from specserve.engine.core import EngineCore
+from specserve.engine.models.llama import LlamaFamilyModel
+from specserve.engine.models.loader import load_model
+from specserve.engine.models.spec import read_model_spec
+from specserve.engine.runner.inputs import ForwardItem
+from specserve.engine.runner.model_runner import ModelRunner
+from specserve.engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
+from specserve.engine.types import SamplingParams, SpecDecodeStats
+from specserve.kernels.backend import set_backend
 
 MAX_K = 16   # the largest k any engine of a cache may use (RoPE tables are sized for it)
 

@@ -1,7 +1,7 @@
 """Benchmark the Triton rejection sampler (and draft sampler) against the memory roofline.
 
-    python benchmarks/rejection_sampler.py --out results/rejection_sampler        # GPU
-    python benchmarks/rejection_sampler.py --device cpu --out /tmp/rs_smoke       # CPU smoke test
+    python -m specserve.bench.rejection_sampler --out results/rejection_sampler        # GPU
+    python -m specserve.bench.rejection_sampler --device cpu --out /tmp/rs_smoke       # CPU smoke test
 
 For every batch size B and draft count k (V = 151,936 bf16 logits by default) it reports the
 median time of ``kernels.triton_sampling.rejection_sample`` twice: the call as Python makes it
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _parse() -> argparse.Namespace:
@@ -101,7 +100,7 @@ def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
     """Target logits, drafts sampled from a noisy copy (so some get accepted) and q."""
     import torch
 
-    from kernels import triton_sampling as TS
+    from specserve.kernels import triton_sampling as TS
 
     dev, v = args.device, args.vocab
     gen = torch.Generator(device=dev).manual_seed(b * 100 + k)
@@ -150,7 +149,7 @@ def vllm_mrv2_bytes(b: int, k: int, v: int) -> int:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from kernels import triton_sampling as TS
+    from specserve.kernels import triton_sampling as TS
 
     timer = _timer(args.device)
     bw = copy_bandwidth(args.device, timer)

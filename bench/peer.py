@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks.engines import random_prompts, run_generation
-from benchmarks.timing import median, synchronize
-from engine.core import EngineCore
+from specserve.bench.engines import random_prompts, run_generation
+from specserve.bench.timing import median, synchronize
+from specserve.engine.core import EngineCore
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

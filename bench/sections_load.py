@@ -6,17 +6,17 @@ import importlib.util
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.e2e import E2ESettings, compare_pair
-from benchmarks.engines import random_prompts
-from benchmarks.peer import compare_with_hf
-from benchmarks.serve_load import ServerProcess, run_level
-from server.bench.context import BenchContext
-from server.bench.report import Column, Section, at_least, within
+from specserve.bench.e2e import E2ESettings, compare_pair
+from specserve.bench.engines import random_prompts
+from specserve.bench.peer import compare_with_hf
+from specserve.bench.serve_load import ServerProcess, run_level
+from specserve.bench.context import BenchContext
+from specserve.bench.report import Column, Section, at_least, within
 
 E2E_TOLERANCE = 0.10
 E2E_GOAL = f"within {100 * E2E_TOLERANCE:.0f}% of E/(kc+1)"
 PEER_GOAL = 3.0
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def e2e(ctx: BenchContext) -> Section:
@@ -75,7 +75,7 @@ def e2e(ctx: BenchContext) -> Section:
                           "Goal: measured speed-up within 10% of E/(kc+1); E/(kc+v) shows what the "
                           "verification forward itself costs.",
                           "c' = the draft program (catch-up, k passes, sampling: what a step runs, "
-                          "benchmarks/verify.py) per draft token / a plain EngineCore step, both at that "
+                          "bench/verify.py) per draft token / a plain EngineCore step, both at that "
                           "batch size. E/(kc'+1) counts the draft at its real cost but takes the target "
                           "side of a speculative step to cost one plain step; where it over-predicts, "
                           "the target side of a speculative step (verification, the rejection sampler, "
@@ -200,13 +200,13 @@ def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:
 
 
 def _max_positions(dirs: tuple[str, str]) -> int:
-    from engine.models.spec import read_model_spec
+    from specserve.engine.models.spec import read_model_spec
 
     return min(read_model_spec(d).max_position_embeddings for d in dirs)
 
 
 def _vocab(argv: list[str]) -> int:
-    from engine.models.spec import read_model_spec
+    from specserve.engine.models.spec import read_model_spec
 
     return read_model_spec(argv[argv.index("--model") + 1]).vocab_size
 

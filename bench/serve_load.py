@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import httpx
 
-from benchmarks.timing import percentile
+from specserve.bench.timing import percentile
 
 _SPEC = "specserve:spec_decode_"
 PERCENTILES = (50, 90, 99)
@@ -45,7 +45,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "server.cli", "serve", *argv, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "specserve.server.cli", "serve", *argv, "--host", "127.0.0.1",
                "--port", str(self.port), "--log-level", "warning", "--no-access-log"]
         self.command = cmd
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.roofline import measure_decode, roofline_numbers
-from benchmarks.verify import draft_cost, draft_program_cost, verify_costs
-from server.bench.context import BenchContext
-from server.bench.report import Column, Section, at_least, at_most
+from specserve.bench.roofline import measure_decode, roofline_numbers
+from specserve.bench.verify import draft_cost, draft_program_cost, verify_costs
+from specserve.bench.context import BenchContext
+from specserve.bench.report import Column, Section, at_least, at_most
 
 ROOFLINE_GOAL = 0.85
 VERIFY_GOAL = 1.10

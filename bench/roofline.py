@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from benchmarks.engines import random_prompts, weight_bytes
-from benchmarks.timing import median
-from engine.core import EngineCore
-from engine.types import SamplingParams
+from specserve.bench.engines import random_prompts, weight_bytes
+from specserve.bench.timing import median
+from specserve.engine.core import EngineCore
+from specserve.engine.types import SamplingParams
 
 
 @dataclass

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from benchmarks.engines import GenerationRun, random_prompts, run_generation, time_forward
-from benchmarks.verify import draft_program_cost
-from engine.core import EngineCore
+from specserve.bench.engines import GenerationRun, random_prompts, run_generation, time_forward
+from specserve.bench.verify import draft_program_cost
+from specserve.engine.core import EngineCore
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from benchmarks import shapes
-from benchmarks.engines import ModelCache, execution_mode, free_device_memory
-from benchmarks.timing import Bandwidth, copy_bandwidth
-from server.bench.options import BenchOptions
+from specserve.bench import shapes
+from specserve.bench.engines import ModelCache, execution_mode, free_device_memory
+from specserve.bench.timing import Bandwidth, copy_bandwidth
+from specserve.bench.options import BenchOptions
 
 
 class BenchContext:
     def __init__(self, opts: BenchOptions):
-        from engine.setup import pick_device
+        from specserve.engine.setup import pick_device
 
         self.opts = opts
         self.device = pick_device(opts.device)
@@ -112,7 +112,7 @@ class BenchContext:
         if o.pair_target:
             return (str(Path(o.pair_target).resolve()), str(Path(o.pair_draft).resolve())), "given pair"
         try:
-            from engine import demo
+            from specserve.engine import demo
         except ImportError:
             return None, "the embedded demo pair is not part of this installation"
         if not (Path(demo.TARGET_DIR) / "config.json").exists():
@@ -127,7 +127,7 @@ class BenchContext:
             if dirs is None:
                 raise RuntimeError(why)
             if self._pair_cache is None:
-                from engine.models.spec import read_model_spec
+                from specserve.engine.models.spec import read_model_spec
 
                 limit = min(read_model_spec(p).max_position_embeddings for p in dirs)
                 o = self.opts

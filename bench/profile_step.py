@@ -1,6 +1,6 @@
 """Where a speculative step's host time goes: cProfile over steady-state EngineCore steps.
 
-    python benchmarks/profile_step.py [--model demo --draft demo --k 4 --batch 1 --steps 60]
+    python -m specserve.bench.profile_step [--model demo --draft demo --k 4 --batch 1 --steps 60]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from engine import LLM, SamplingParams
+from specserve.engine import LLM, SamplingParams
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """``specserve bench``: the benchmark of issue 6 (roofline, verification cost, rejection sampler,
 end to end with and without speculation, the HF peer, load through the HTTP server).
 
-``server.cli`` finds this package by name and calls :func:`add_subparser`. Importing it is
+``specserve.server.cli`` imports this module and calls :func:`add_subparser`. Importing it is
 cheap (no torch): the measurement modules load only when the command runs.
 
 Modules: ``options`` (flags -> BenchOptions, presets), ``context`` (what sections share: bandwidth,
 models, engines), ``sections_models`` / ``sections_load`` / ``sections_sampler`` (one function per
 section -> a Section table), ``report`` (goals, bench.json, bench.md), ``plots`` (PNG files),
-``main`` (the run loop). The measurements themselves live in the top-level ``benchmarks`` package.
+``main`` (the run loop). The measurements themselves are the other modules of this package (see its ``__init__``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from typing import Mapping
 
-from server.bench.options import add_arguments, options_from_args
+from specserve.bench.options import add_arguments, options_from_args
 
 
 def add_subparser(subparsers: "argparse._SubParsersAction") -> None:
@@ -32,24 +31,12 @@ def add_subparser(subparsers: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=run_bench)
 
 
-def ensure_benchmarks_importable() -> None:
-    """``benchmarks`` sits beside ``server`` in the source tree (it is not an installed package)."""
-    try:
-        import benchmarks  # noqa: F401
-    except ImportError:
-        root = Path(__file__).resolve().parents[2]
-        if not (root / "benchmarks" / "__init__.py").exists():
-            raise
-        sys.path.insert(0, str(root))
-
-
 def run_bench(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         opts = options_from_args(args)
     except ValueError as e:
         print(f"specserve bench: error: {e}", file=sys.stderr)
         return 2
-    ensure_benchmarks_importable()
-    from server.bench.main import run
+    from specserve.bench.main import run
 
     return run(opts, command=shlex.join(["specserve", *sys.argv[1:]]) if sys.argv else "specserve bench")

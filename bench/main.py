@@ -7,12 +7,12 @@ import time
 import traceback
 from typing import Callable
 
-from benchmarks.timing import environment
-from server.bench import sections_load, sections_models, sections_sampler
-from server.bench.context import BenchContext
-from server.bench.options import SECTIONS, BenchOptions
-from server.bench.plots import make_plots
-from server.bench.report import Section, write_outputs
+from specserve.bench.timing import environment
+from specserve.bench import sections_load, sections_models, sections_sampler
+from specserve.bench.context import BenchContext
+from specserve.bench.options import SECTIONS, BenchOptions
+from specserve.bench.plots import make_plots
+from specserve.bench.report import Section, write_outputs
 
 SECTION_FUNCS: dict[str, Callable[[BenchContext], Section]] = {
     "roofline": sections_models.roofline,
