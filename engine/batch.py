@@ -52,3 +52,5 @@ class RequestResult:
 @dataclass
 class ModelRunnerOutput:
     results: dict[str, RequestResult] = field(default_factory=dict)
+    target_seconds: float = 0.0        # target forward + verification (GPU time on CUDA)
+    draft_seconds: float = 0.0         # the draft's catch-up and proposal

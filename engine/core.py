@@ -148,6 +148,7 @@ class EngineCore:
                 if s.request.times.first_scheduled is None:
                     s.request.times.first_scheduled = t0
             out = self.runner.execute(so)
+            stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
             now = time.monotonic()
             for s in so.scheduled:
                 self._apply(s, out.results.get(s.request.request_id), stats, now)

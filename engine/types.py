@@ -264,3 +264,5 @@ class StepStats:
     num_free_blocks: int = 0
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     step_seconds: float = 0.0
+    target_seconds: float = 0.0          # target forward + verification (0 when no target ran)
+    draft_seconds: float = 0.0           # draft catch-up + proposal (0 when no draft ran)

@@ -41,14 +41,16 @@ def _strip_422(schema: dict[str, Any]) -> dict[str, Any]:
 def create_app(engine: Any, *, served_model_name: Optional[str] = None,
                api_keys: Sequence[str] = (), shutdown_timeout: float = 30.0,
                registry: Optional[CollectorRegistry] = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, enable_test_hooks: bool = False) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, enable_test_hooks: bool = False,
+               metrics_prefix: str = "specserve") -> FastAPI:
     """The OpenAI-compatible app serving ``engine`` (an ``engine.AsyncEngine``, not yet started).
 
     Request bodies over ``max_body_bytes`` get a 413. ``enable_test_hooks`` adds the test-only
-    ``POST /debug/fault`` (never in production).
+    ``POST /debug/fault`` (never in production). ``metrics_prefix`` "vllm" exports vLLM's metric
+    names and ``engine`` label.
     """
     name = served_model_name or engine.info.served_model_name
-    metrics = ServerMetrics(name, engine.info.num_speculative_tokens, registry)
+    metrics = ServerMetrics(name, engine.info.num_speculative_tokens, registry, metrics_prefix)
     state = ServerState(engine=engine, served_model_name=name, metrics=metrics,
                         token_text=TokenText(engine.tokenizer))
 

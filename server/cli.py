@@ -40,6 +40,7 @@ class ServerOptions:
     exit_on_engine_failure: bool = True
     engine_failure_grace: float = 2.0  # seconds between the engine's death and the exit
     enable_test_hooks: bool = False
+    metrics_prefix: str = "specserve"
 
     def __repr__(self) -> str:  # never print keys
         return (f"ServerOptions(host={self.host!r}, port={self.port}, served_model_name="
@@ -113,6 +114,9 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    default=ServerOptions.log_level, help="log verbosity (default %(default)s)")
     s.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+    s.add_argument("--metrics-prefix", choices=("specserve", "vllm"), default=ServerOptions.metrics_prefix,
+                   help="Prometheus names: specserve:* (default), or vllm:* with vLLM's `engine` label, "
+                        "for vLLM dashboards, alerts and inference-gateway endpoint pickers")
     s.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get HTTP 413 (default %(default)s)")
     s.add_argument("--exit-on-engine-failure", action=argparse.BooleanOptionalAction, default=True,
@@ -179,7 +183,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                          log_level=args.log_level, access_log=not args.no_access_log,
                          max_request_body_bytes=args.max_request_body_bytes,
                          exit_on_engine_failure=args.exit_on_engine_failure,
-                         enable_test_hooks=args.enable_test_hooks)
+                         enable_test_hooks=args.enable_test_hooks, metrics_prefix=args.metrics_prefix)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,7 +267,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     app = create_app(engine, served_model_name=opts.served_model_name, api_keys=opts.api_keys,
                      shutdown_timeout=opts.shutdown_timeout,
                      max_body_bytes=opts.max_request_body_bytes,
-                     enable_test_hooks=opts.enable_test_hooks)
+                     enable_test_hooks=opts.enable_test_hooks, metrics_prefix=opts.metrics_prefix)
     if opts.enable_test_hooks:
         logger.warning("--enable-test-hooks is on: POST /debug/fault can kill the engine (tests only)")
     server = make_server(app, opts)

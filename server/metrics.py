@@ -1,5 +1,10 @@
 """Prometheus metrics (the only prometheus_client user). Prefix ``specserve:``, label ``model_name``.
 
+``--metrics-prefix vllm`` exports every series as ``vllm:<name>`` with vLLM's ``engine`` label ("0")
+beside ``model_name``, so vLLM dashboards, alerts and the inference gateway's endpoint picker read them
+unchanged. /metrics is prometheus-client's own ASGI app (:class:`MetricsApp`): it negotiates the
+Prometheus text or OpenMetrics format from the Accept header.
+
 Two sources feed them:
 
 * every ``RequestOutput`` the server receives goes through a :class:`RequestTracker`, which turns the
@@ -9,8 +14,9 @@ Two sources feed them:
   ``usage`` blocks of the responses (1 + accepted / drafts from /metrics equals the same ratio over
   the usage blocks), and keeps it live while long requests run.
 * ``StepStats`` from the engine's step listener: running / waiting / KV usage / draft-prob bytes
-  gauges and preemptions; the gauges are refreshed from ``engine.debug_state()`` on every scrape
-  so they are right even when the engine is idle.
+  gauges, preemptions, prefix-cache queries and hits (in tokens, as vLLM counts them) and the time
+  the target and the draft took in the step (histograms); the gauges are refreshed from
+  ``engine.debug_state()`` on every scrape so they are right even when the engine is idle.
 
 A request with ``n`` choices counts as ``n`` sequences in the per-sequence metrics.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -29,6 +35,7 @@ from specserve.engine.types import CompletionOutput, FinishReason, RequestOutput
 prometheus_client.disable_created_metrics()  # no *_created series: counters only, as vLLM exports
 
 PREFIX = "specserve:"
+METRICS_PREFIXES = ("specserve", "vllm")
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -37,6 +44,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_STEP_PHASE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.04,
+                       0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 _FINISH_REASONS = tuple(r.value for r in FinishReason)
 
 
@@ -50,43 +59,57 @@ class ServerMetrics:
     """All series for one served model, in a registry of their own (several apps may share a process)."""
 
     def __init__(self, model_name: str, num_speculative_tokens: int,
-                 registry: Optional[CollectorRegistry] = None):
+                 registry: Optional[CollectorRegistry] = None, prefix: str = "specserve"):
+        if prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {METRICS_PREFIXES}, not {prefix!r}")
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         self.k = num_speculative_tokens
+        self.prefix = prefix + ":"
+        # vLLM labels every series with its engine index too; one engine here, so always "0"
+        self._label_names = ("model_name", "engine") if prefix == "vllm" else ("model_name",)
+        self._base = (model_name, "0") if prefix == "vllm" else (model_name,)
         self._build_spec_decode()
         self._build_serving()
+        self.asgi_app = prometheus_client.make_asgi_app(self.registry)
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-        return Counter(PREFIX + name, doc, ("model_name",) + labels, registry=self.registry)
+        return Counter(self.prefix + name, doc, self._label_names + labels, registry=self.registry)
 
     def _gauge(self, name: str, doc: str) -> Any:
-        return Gauge(PREFIX + name, doc, ("model_name",), registry=self.registry).labels(self.model_name)
+        return Gauge(self.prefix + name, doc, self._label_names, registry=self.registry).labels(*self._base)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-        return Histogram(PREFIX + name, doc, ("model_name",), buckets=buckets,
-                         registry=self.registry).labels(self.model_name)
+        return Histogram(self.prefix + name, doc, self._label_names, buckets=buckets,
+                         registry=self.registry).labels(*self._base)
 
     def _build_spec_decode(self) -> None:
-        m = self.model_name
+        m = self._base
         self.num_drafts = self._counter("spec_decode_num_drafts_total",
-                                        "Verification steps that checked at least one draft token.").labels(m)
+                                        "Verification steps that checked at least one draft token.").labels(*m)
         self.num_draft_tokens = self._counter("spec_decode_num_draft_tokens_total",
-                                              "Draft tokens proposed and verified.").labels(m)
+                                              "Draft tokens proposed and verified.").labels(*m)
         self.num_accepted = self._counter("spec_decode_num_accepted_tokens_total",
-                                          "Draft tokens accepted by the target.").labels(m)
+                                          "Draft tokens accepted by the target.").labels(*m)
         per_pos = self._counter("spec_decode_num_accepted_tokens_per_pos_total",
                                 "Drafts whose first position+1 tokens were all accepted.", ("position",))
-        self.accepted_per_pos = [per_pos.labels(m, str(i)) for i in range(self.k)]
+        self.accepted_per_pos = [per_pos.labels(*m, str(i)) for i in range(self.k)]
         self.acceptance_length = self._histogram(
             "spec_decode_request_acceptance_length",
             "Per finished sequence: 1 + accepted / drafts (unbiased by completion length).",
             acceptance_buckets(self.k))
         self.draft_probs_bytes = self._gauge("spec_decode_draft_probs_bytes",
                                              "Bytes held by stored draft probabilities.")
+        self.target_step_time = self._histogram(
+            "spec_decode_target_time_per_step_seconds",
+            "Per engine step: the target's forward over all scheduled tokens plus verification "
+            "(GPU time on CUDA).", _STEP_PHASE_BUCKETS)
+        self.draft_step_time = self._histogram(
+            "spec_decode_draft_time_per_step_seconds",
+            "Per engine step that ran the draft: its catch-up and k proposal passes.", _STEP_PHASE_BUCKETS)
 
     def _build_serving(self) -> None:
-        m = self.model_name
+        m = self._base
         self.ttft = self._histogram("time_to_first_token_seconds", "Arrival to first token.",
                                     _TTFT_BUCKETS)
         self.itl = self._histogram("inter_token_latency_seconds",
@@ -99,14 +122,18 @@ class ServerMetrics:
         self.waiting = self._gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
         self.kv_free_blocks = self._gauge("kv_cache_free_blocks", "Free KV-cache blocks.")
-        self.preemptions = self._counter("num_preemptions_total", "Preempted sequences.").labels(m)
+        self.preemptions = self._counter("num_preemptions_total", "Preempted sequences.").labels(*m)
         self.prompt_tokens = self._counter("prompt_tokens_total",
-                                           "Prompt tokens of served requests.").labels(m)
+                                           "Prompt tokens of served requests.").labels(*m)
         self.generation_tokens = self._counter("generation_tokens_total",
-                                               "Tokens generated (as returned to clients).").labels(m)
+                                               "Tokens generated (as returned to clients).").labels(*m)
         success = self._counter("request_success_total", "Finished sequences by finish reason.",
                                 ("finished_reason",))
-        self.success = {r: success.labels(m, r) for r in _FINISH_REASONS}
+        self.success = {r: success.labels(*m, r) for r in _FINISH_REASONS}
+        self.prefix_cache_queries = self._counter(
+            "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.").labels(*m)
+        self.prefix_cache_hits = self._counter(
+            "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.").labels(*m)
 
     # ------------------------------------------------------------------------------ feeding
 
@@ -119,6 +146,13 @@ class ServerMetrics:
         self.draft_probs_bytes.set(stats.draft_prob_bytes)
         if stats.num_preemptions:
             self.preemptions.inc(stats.num_preemptions)
+        if stats.num_prefix_cache_queries:
+            self.prefix_cache_queries.inc(stats.num_prefix_cache_queries)
+            self.prefix_cache_hits.inc(stats.num_prefix_cache_hits)
+        if stats.target_seconds > 0:
+            self.target_step_time.observe(stats.target_seconds)
+        if stats.draft_seconds > 0:
+            self.draft_step_time.observe(stats.draft_seconds)
 
     def refresh(self, state: Mapping[str, Any]) -> None:
         """Set the gauges from ``engine.debug_state()`` (called on every scrape)."""
@@ -148,6 +182,42 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
+
+
+ASGIReceive = Callable[[], Awaitable[dict]]
+ASGISend = Callable[[dict], Awaitable[None]]
+
+
+class MetricsApp:
+    """The /metrics endpoint: prometheus-client's own ASGI app (Accept negotiation between the text
+    format and OpenMetrics, gzip, ``name[]`` filters) over the serving app's registry.
+    ``before_scrape(app)`` refreshes the gauges and returns that app's :class:`ServerMetrics`.
+    Add it as a plain route: Starlette calls an endpoint that is not a function as an ASGI app."""
+
+    def __init__(self, before_scrape: Callable[[Any], ServerMetrics]):
+        self._before_scrape = before_scrape
+
+    async def __call__(self, scope: dict, receive: ASGIReceive, send: ASGISend) -> None:
+        metrics = self._before_scrape(scope["app"])
+        await metrics.asgi_app(_keep_colons(scope), receive, send)
+
+
+def _keep_colons(scope: dict) -> dict:
+    """Ask for ``escaping=allow-utf-8`` in every OpenMetrics Accept entry that names no escaping.
+
+    prometheus-client 0.22+ answers an OpenMetrics request without an escaping (Prometheus 2.x sends
+    none) with ``escaping=underscores`` and then writes sample names with ``:`` turned into ``_``
+    while HELP/TYPE keep the colon (client_python issue 1177): ``vllm:num_requests_waiting`` would
+    be stored as ``vllm_num_requests_waiting``. Our names are all valid legacy names, so the
+    allow-utf-8 output is plain OpenMetrics 1.0 with every name exactly as registered."""
+    headers = []
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"accept":
+            entries = value.split(b",")
+            value = b",".join(e + b";escaping=allow-utf-8"
+                              if b"openmetrics-text" in e and b"escaping=" not in e else e for e in entries)
+        headers.append((name, value))
+    return {**scope, "headers": headers}
 
 
 def _spec_delta(now: SpecDecodeStats, before: SpecDecodeStats) -> SpecDecodeStats:

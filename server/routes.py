@@ -9,13 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
 
 from specserve.server import __version__
 from specserve.server.auth import APIKeyChecker
 from specserve.server.debug import engine_state
 from specserve.server.errors import APIError
-from specserve.server.metrics import CONTENT_TYPE
+from specserve.server.metrics import MetricsApp, ServerMetrics
 from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                              CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList,
                              SpeculativeInfo, VersionResponse)
@@ -91,13 +90,13 @@ def build_router(auth: APIKeyChecker) -> APIRouter:
             return APIError(503, f"the engine is dead: {engine.dead_error}", code="engine_dead").response()
         return HealthResponse(status="ok")
 
-    @router.get("/metrics", response_class=Response,
-                responses={200: {"description": "Prometheus text exposition",
-                                 "content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})
-    async def metrics(request: Request) -> Response:
-        state = state_of(request)
+    def before_scrape(app: Any) -> ServerMetrics:
+        state: ServerState = app.state.server
         state.metrics.refresh(engine_state(state.engine))
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+        return state.metrics
+
+    # prometheus-client's ASGI app: Prometheus text, or OpenMetrics when the Accept header asks
+    router.add_route("/metrics", MetricsApp(before_scrape), methods=["GET"], include_in_schema=False)
 
     @router.get("/version", response_model=VersionResponse)
     async def version() -> VersionResponse:

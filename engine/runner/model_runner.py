@@ -20,6 +20,7 @@ from specserve.engine.runner.cuda_graphs import GraphedForward
 from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
 from specserve.engine.runner.drafter import can_chain, chain, finish_chained, propose
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
+from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.verifier import Verification, start_verification
 from specserve.kernels import ops
 
@@ -84,6 +85,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        clock = PhaseClock(self.device)
+        t0 = clock.mark()
         items = []
         for s in so.scheduled:
             req = s.request
@@ -97,25 +100,31 @@ class ModelRunner:
             v = start_verification(sampling, logits, self.rejection_method,
                                    self.store_draft_probs and self.num_spec > 0, self.device)
             if can_chain(sampling, self.draft_loop):
-                return self._chained_drafts(so, v)
+                return self._chained_drafts(so, v, clock, t0)
             results = v.finish(v.out.tolist())   # the target's read; the drafts are read later
-        if self.draft is not None and self.num_spec > 0:
+        t1 = clock.mark()
+        drafted = self.draft is not None and self.num_spec > 0
+        if drafted:
             propose(so.scheduled, results, self._draft_forward, self.draft_loop, self.num_spec,
                     self.max_model_len, self.store_draft_probs, not self.store_draft_probs,
                     self.device)
-        return ModelRunnerOutput(results)
+        t2 = clock.mark() if drafted else t1
+        return ModelRunnerOutput(results, clock.seconds(t0, t1), clock.seconds(t1, t2))
 
-    def _chained_drafts(self, so: SchedulerOutput, v: Verification) -> ModelRunnerOutput:
+    def _chained_drafts(self, so: SchedulerOutput, v: Verification, clock: PhaseClock,
+                        t0) -> ModelRunnerOutput:
         """The draft program starts behind the verification on the device; the step's one host
         read brings the sampled tokens and the new drafts together."""
         loop = self.draft_loop
+        t1 = clock.mark()
         results = chain(so.scheduled, v.out, self._draft_forward, loop, self.max_model_len)
+        t2 = clock.mark()
         width = v.out.shape[1]
         rows = torch.cat([v.out, loop.tokens[:len(v.sampling)]], 1).tolist()  # the one read
         results.update(v.finish([r[:width] for r in rows]))
         finish_chained(v.sampling, results, [r[width:] for r in rows], loop, self.num_spec,
                        self.max_model_len)
-        return ModelRunnerOutput(results)
+        return ModelRunnerOutput(results, clock.seconds(t0, t1), clock.seconds(t1, t2))
 
     def _forward(self, which: str, items: list[ForwardItem]) -> Optional[torch.Tensor]:
         """Logits [sum(num_logits), V] for ``items`` (None when no item wants logits)."""

@@ -89,8 +89,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, draft
 
 
-@pytest.fixture(scope="module")
-def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def run_server(checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory,
+               *extra_args: str) -> Iterator[str]:
+    """`specserve serve` of the tiny pair on 127.0.0.1 (k = K, CPU) until the generator closes;
+    yields its URL. Other live tests reuse it with their own flags (e.g. --metrics-prefix vllm)."""
     import httpx
 
     target, draft = checkpoints
@@ -99,7 +101,7 @@ def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     cmd = serve_command() + [
         "--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", str(K),
         "--served-model-name", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "256", "--seed", "0"]
+        "--max-model-len", "256", "--seed", "0", *extra_args]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("SPECSERVE_API_KEY", None)
     with log.open("w") as out:
@@ -115,12 +117,18 @@ def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 
 @pytest.fixture(scope="module")
-def prometheus(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(checkpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from run_server(checkpoints, tmp_path_factory)
+
+
+def run_prometheus(server: str, tmp_path_factory: pytest.TempPathFactory,
+                   rules: str | None = None) -> Iterator[str]:
+    """A real Prometheus scraping ``server`` every second, with ``rules`` (a rules file's text)."""
     import httpx
 
     binary = find_tool("prometheus")
     work = tmp_path_factory.mktemp("prometheus")
-    (work / "rules.yml").write_text(RULES.read_text())
+    (work / "rules.yml").write_text(rules or "groups: []\n")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(work / "rules.yml")],
@@ -142,6 +150,11 @@ def prometheus(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield url
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def prometheus(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from run_prometheus(server, tmp_path_factory, RULES.read_text())
 
 
 def query(prom: str, expr: str) -> list[dict]:
