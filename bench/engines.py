@@ -11,7 +11,6 @@ gives the *same* module (shared weights, separate KV cache): the self-draft uppe
 from __future__ import annotations
 
 import gc
-import inspect
 import math
 import random
 import time
@@ -88,9 +87,10 @@ class ModelCache:
         target = self.model(target_dir, load_format, self.seed)
         draft = self.model(draft_dir, load_format, self.seed + 1) if spec_cfg.enabled else None
         dtype = self.dtype_for(target_dir)
-        runner = _make_runner(target, draft, num_kv_blocks, block_size, dtype, self.device,
-                              k if draft is not None else 0, self.max_model_len, max_num_seqs,
-                              self.enforce_eager)
+        runner = ModelRunner(target, draft, num_kv_blocks, block_size, dtype, self.device,
+                             k if draft is not None else 0, self.max_model_len,
+                             spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
+                             max_num_seqs, self.enforce_eager)
         tspec = target.spec
         tok = self.tokenizer(target_dir)
         eos = tspec.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
@@ -108,21 +108,6 @@ class ModelCache:
         """Drop every model and free device memory (before the next, larger thing needs it)."""
         self._models.clear()
         free_device_memory(self.device)
-
-
-def _make_runner(target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], num_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device, num_spec: int,
-                 max_model_len: int, max_num_seqs: int, enforce_eager: bool) -> ModelRunner:
-    """ModelRunner with the arguments engine.setup passes (CUDA graphs are captured here)."""
-    kwargs: dict[str, Any] = dict(target=target, draft=draft, num_blocks=num_blocks,
-                                  block_size=block_size, dtype=dtype, device=device,
-                                  num_spec=num_spec, max_model_len=max_model_len,
-                                  rejection_method="probabilistic", draft_sample_method="sample")
-    accepted = inspect.signature(ModelRunner.__init__).parameters
-    for name, value in (("max_num_seqs", max_num_seqs), ("enforce_eager", enforce_eager)):
-        if name in accepted:
-            kwargs[name] = value
-    return ModelRunner(**kwargs)
 
 
 def free_device_memory(device: torch.device) -> None:

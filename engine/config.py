@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -131,6 +131,3 @@ class EngineConfig:
     @property
     def num_speculative_tokens(self) -> int:
         return self.speculative.num_speculative_tokens if self.speculative.enabled else 0
-
-    def with_(self, **changes) -> "EngineConfig":
-        return replace(self, **changes)

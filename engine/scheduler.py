@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 from specserve.engine.batch import ScheduledRequest, SchedulerOutput
 from specserve.engine.kv_cache import KVCacheManager
@@ -50,13 +50,6 @@ class Scheduler:
         self.requests[req.request_id] = req
         self.waiting.append(req)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.requests)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def finish(self, req: Request, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """Retire a request: free its blocks and drafts, whatever state it is in."""
         if req.is_finished:
@@ -71,15 +64,6 @@ class Scheduler:
         req.finish_reason = reason
         req.stop_reason = stop_reason
         self.requests.pop(req.request_id, None)
-
-    def abort(self, request_ids: Iterable[str]) -> list[Request]:
-        out = []
-        for rid in request_ids:
-            req = self.requests.get(rid)
-            if req is not None:
-                self.finish(req, FinishReason.ABORT)
-                out.append(req)
-        return out
 
     # ---- one step --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

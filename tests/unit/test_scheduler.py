@@ -48,6 +48,18 @@ def apply(sched: Scheduler, so: SchedulerOutput, accept: int | None = None, draf
         sched.kv.commit(r, min(r.num_computed_tokens, r.num_tokens))
 
 
+def abort(sched: Scheduler, *request_ids: str) -> list[Request]:
+    """What EngineCore.abort does to the scheduler: finish each known request with ABORT."""
+    found = [sched.requests[rid] for rid in request_ids if rid in sched.requests]
+    for r in found:
+        sched.finish(r, FinishReason.ABORT)
+    return found
+
+
+def idle(sched: Scheduler) -> bool:
+    return not (sched.waiting or sched.running)
+
+
 def shape(so: SchedulerOutput) -> list[tuple[str, int, bool]]:
     return [(s.request.request_id, s.num_new_tokens, s.samples) for s in so.scheduled]
 
@@ -55,7 +67,7 @@ def shape(so: SchedulerOutput) -> list[tuple[str, int, bool]]:
 def run_all(sched: Scheduler, max_steps: int = 500, **kw) -> list[SchedulerOutput]:
     outs = []
     for _ in range(max_steps):
-        if not sched.has_work():
+        if idle(sched):
             return outs
         so = sched.schedule()
         assert so.num_scheduled_tokens <= sched.limits.max_num_batched_tokens
@@ -107,7 +119,7 @@ def test_blocks_cover_the_next_drafts():
     assert r.draft_token_ids == [TOKEN + 1] * 2
     so = s.schedule()
     assert shape(so) == [("a", 3, True)] and so.scheduled[0].num_drafts == 2
-    s.abort(["a"])
+    abort(s, "a")
 
 
 def test_budget_must_hold_a_verification():
@@ -159,7 +171,7 @@ def test_a_verification_that_does_not_fit_waits_for_the_next_step():
     other.draft_token_ids = [4, 5, 6]
     so = s.schedule()                                             # o verifies 4, d cannot fit 4 in 1
     assert shape(so) == [("o", 4, True)]
-    s.abort(["o", "d"])
+    abort(s, "o", "d")
     s.kv.pool.check_all_free()
 
 
@@ -220,7 +232,7 @@ def test_waiting_request_gives_back_its_claimed_prefix_when_it_cannot_be_admitte
     assert twin.block_ids == [] and twin.num_computed_tokens == 0
     assert s.kv.pool.num_free == free_before - 1                  # only hog's new block is gone
     apply(s, so)
-    s.abort(["hog"])
+    abort(s, "hog")
     so = s.schedule()                                             # now it fits, with its cache hit
     assert shape(so) == [("twin", 8, True)] and twin.num_cached_tokens == 8
     apply(s, so)
@@ -248,13 +260,13 @@ def test_finish_and_abort_free_everything_in_any_state():
     apply(s, s.schedule())                                        # run is mid-prefill, wait waits
     assert run_.status == RequestStatus.RUNNING and wait_.status == RequestStatus.WAITING
     run_.draft_token_ids = [1]
-    aborted = s.abort(["run", "wait", "nobody"])
+    aborted = abort(s, "run", "wait", "nobody")
     assert [r.request_id for r in aborted] == ["run", "wait"]
     for r in aborted:
         assert r.finish_reason == FinishReason.ABORT and r.block_ids == [] and r.draft_token_ids == []
     s.finish(run_, FinishReason.STOP)                             # already finished: no-op
     assert run_.finish_reason == FinishReason.ABORT
-    assert not s.has_work() and s.num_unfinished == 0
+    assert idle(s) and not s.requests
     s.kv.pool.check_all_free()
 
 
