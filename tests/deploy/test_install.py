@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import tomllib
 import venv
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def _copy_worktree(dest: Path) -> None:
         if src.is_file():   # a tracked file deleted in the working tree is not copied
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
+
+
+def _source_packages(src: Path) -> set[str]:
+    """Every folder with an ``__init__.py`` below the package-dir roots, as a dotted name."""
+    roots = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for name, folder in roots.items():
+        for init in (src / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(src / folder).parts
+            found.add(".".join((name, *rel)))
+    return found
 
 
 def _clean_env() -> dict[str, str]:
@@ -87,4 +99,7 @@ def test_pip_install_gives_one_specserve_namespace(tmp_path: Path) -> None:
     assert (env_dir / "bin" / "specserve").is_file()
     assert (site / "specserve" / "engine" / "demo" / "target" / "config.json").is_file()
     assert not any((site / name).exists() for name in GENERIC)
+    installed = {".".join(init.parent.relative_to(site).parts) for init in (site / "specserve").rglob("__init__.py")}
+    missing = _source_packages(src) - installed
+    assert not missing, f"packages in the tree but not in the wheel (add them to pyproject.toml): {missing}"
 
