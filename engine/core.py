@@ -50,6 +50,7 @@ class EngineCore:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._logprobs: dict[str, list[Logprob]] = {}
         self._seed_rng = random.Random(config.seed)
+        self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
 
     # ---- admission ---------------------------------------------------------------------
@@ -83,7 +84,17 @@ class EngineCore:
         why = self.scheduler.capacity_error(n + max_tokens + info.num_speculative_tokens)
         if why:
             raise CapacityError("prompt", why)
+        if params.structured_outputs is not None:
+            self.grammar_compiler().compile(params.structured_outputs)   # ParamError if invalid
         return max_tokens
+
+    def grammar_compiler(self):
+        """The structured-output compiler for this tokenizer (built once, on first use)."""
+        if self._grammars is None:
+            from specserve.engine.structured.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.info.vocab_size, self.info.eos_token_ids)
+        return self._grammars
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt_text: Optional[str] = None, arrival: Optional[float] = None) -> None:
@@ -102,6 +113,8 @@ class EngineCore:
                                                       params.skip_special_tokens)
             if params.logprobs is not None:
                 self._logprobs[rid] = []
+            if params.structured_outputs is not None:
+                req.grammar = self.grammar_compiler().new_state(params.structured_outputs)
             children.append(req)
         self._parents[request_id] = _Parent(request_id, list(prompt_token_ids), prompt_text, children)
         for req in children:

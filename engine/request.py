@@ -51,6 +51,7 @@ class Request:
 
         self.draft_token_ids: list[int] = []    # proposed, awaiting verification
         self.draft_probs: Any = None            # tensor [len(draft_token_ids), V] or None (greedy drafts)
+        self.grammar: Any = None                # structured.GrammarState when the output is constrained
 
         self.spec_stats = SpecDecodeStats()
         self.times = RequestTimes(arrival=arrival)

@@ -12,7 +12,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # no import at run time: structured/ imports this module
+    from specserve.engine.structured.params import StructuredOutputs
 
 
 class ParamError(ValueError):
@@ -80,6 +83,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: Optional["StructuredOutputs"] = None   # grammar the output must match
 
     MAX_N = 128
     MAX_LOGPROBS = 20

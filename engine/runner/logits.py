@@ -1,4 +1,4 @@
-"""Per-row logits processing before sampling: penalties, logit_bias, min_tokens.
+"""Per-row logits processing before sampling: penalties, logit_bias, min_tokens, grammar masks.
 
 Applied identically to target rows (verification) and draft rows (proposal), each row with its
 own context: row j of a verification sees the committed outputs plus drafts 1..j as generated
@@ -25,7 +25,7 @@ class RowContext:
 
 def needs_processing(req: Request) -> bool:
     p = req.params
-    return bool(p.needs_penalties or p.logit_bias or p.min_tokens)
+    return bool(p.needs_penalties or p.logit_bias or p.min_tokens or req.grammar is not None)
 
 
 def _penalise(row: torch.Tensor, req: Request, generated: list[int]) -> None:
@@ -64,6 +64,8 @@ def apply_processors(logits: torch.Tensor, rows: list[RowContext]) -> None:
             banned = [t for t in (*eos, *p.stop_token_ids) if 0 <= t < vocab]
             if banned:
                 row[torch.tensor(banned, dtype=torch.long, device=row.device)] = float("-inf")
+        if req.grammar is not None:   # the matcher state after this row's generated tokens
+            req.grammar.mask_row(row, ctx.generated)
 
 
 def logprobs_for(raw_rows: torch.Tensor, tokens: list[int], top_n: int) -> list[Logprob]:
