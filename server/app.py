@@ -38,7 +38,7 @@ def _strip_422(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def create_app(engine: Any, *, served_model_name: Optional[str] = None,
+def create_app(engine: Any, *, tool_options: Any = None, served_model_name: Optional[str] = None,
                api_keys: Sequence[str] = (), shutdown_timeout: float = 30.0,
                registry: Optional[CollectorRegistry] = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, enable_test_hooks: bool = False,
@@ -70,6 +70,7 @@ def create_app(engine: Any, *, served_model_name: Optional[str] = None,
                   description="OpenAI-compatible server with lossless speculative decoding "
                               "(a separate draft model).")
     app.state.server = state
+    state.tools = tool_options   # server/tools.py: ToolOptions (None: no auto tool choice)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     auth = APIKeyChecker(api_keys)

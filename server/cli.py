@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
+from specserve.server.tools import add_tool_flags
 from specserve.server.limits import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger("specserve")
@@ -122,6 +123,7 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--exit-on-engine-failure", action=argparse.BooleanOptionalAction, default=True,
                    help=f"exit with status {EXIT_ENGINE_FAILED} shortly after the engine loop fails, so "
                         "the orchestrator restarts the server (default on; off: stay up, /health 503)")
+    add_tool_flags(p.add_argument_group("tool calling"))
     s.add_argument("--enable-test-hooks", action="store_true",
                    help="TEST ONLY, never in production: adds POST /debug/fault (behind the API key), "
                         "which makes the next engine step raise")
@@ -258,13 +260,14 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from specserve.engine import AsyncEngine
     from specserve.server.app import create_app
+    from specserve.server.tools import ToolOptions
 
     try:
         engine = AsyncEngine(config)
     except (ConfigError, FileNotFoundError, NotImplementedError) as e:
         print(f"specserve: error: cannot load the model: {e}", file=sys.stderr)
         return 2
-    app = create_app(engine, served_model_name=opts.served_model_name, api_keys=opts.api_keys,
+    app = create_app(engine, tool_options=ToolOptions.from_args(args), served_model_name=opts.served_model_name, api_keys=opts.api_keys,
                      shutdown_timeout=opts.shutdown_timeout,
                      max_body_bytes=opts.max_request_body_bytes,
                      enable_test_hooks=opts.enable_test_hooks, metrics_prefix=opts.metrics_prefix)

@@ -67,6 +67,8 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = Field(False, description="add prompt and completion token ids to each choice")
+    structured_outputs: Optional[dict[str, Any]] = Field(
+        None, description="vLLM's constraint: exactly one of json (a schema), regex, choice, grammar, json_object")
 
 
 class CompletionRequest(SamplingFields):
@@ -78,6 +80,8 @@ class CompletionRequest(SamplingFields):
     best_of: Optional[int] = Field(None, description="only best_of == n is supported")
     suffix: Optional[str] = Field(None, description="not supported (400 when given)")
     add_special_tokens: bool = True
+    response_format: Optional[dict[str, Any]] = Field(
+        None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'name', 'schema'}}")
 
 
 class ContentPart(BaseModel):
@@ -89,6 +93,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[StrictStr, list[ContentPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = Field(None, description="an assistant message's calls")
+    tool_call_id: Optional[str] = Field(None, description="a tool message: the call it answers")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -98,9 +104,14 @@ class ChatCompletionRequest(SamplingFields):
                                       description="deprecated: use max_completion_tokens")
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=_MAX_LOGPROBS)
-    tools: Optional[list[dict[str, Any]]] = Field(None, description="not supported (400 when non-empty)")
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    response_format: Optional[dict[str, Any]] = Field(None, description="only {'type': 'text'}")
+    tools: Optional[list[dict[str, Any]]] = Field(None, description="[{'type': 'function', 'function': "
+                                                  "{'name', 'description', 'parameters'}}]")
+    tool_choice: Optional[Union[str, dict[str, Any]]] = Field(
+        None, description="'none' | 'auto' (needs --enable-auto-tool-choice) | 'required' | "
+                          "{'type': 'function', 'function': {'name'}}; default auto with tools")
+    parallel_tool_calls: bool = True
+    response_format: Optional[dict[str, Any]] = Field(
+        None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'name', 'schema'}}")
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
@@ -190,6 +201,7 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = _omit_none()
 
 
 class ChatChoice(BaseModel):
@@ -214,6 +226,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = _omit_none()
     content: Optional[str] = _omit_none()
+    tool_calls: Optional[list[dict[str, Any]]] = _omit_none()
 
 
 class ChatStreamChoice(BaseModel):

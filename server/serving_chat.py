@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from specserve.engine.types import Logprob, RequestOutput
 from specserve.server.errors import bad_request
+from specserve.server.tools import ToolPlan, tool_fields
 from specserve.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
                              ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
                              ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob)
@@ -39,15 +40,12 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"role": msg.role, "content": check_text(content or "", "messages")}
         if msg.name is not None:
             entry["name"] = msg.name
+        entry.update(tool_fields(msg))
         out.append(entry)
     return out
 
 
 def _check_supported(req: ChatCompletionRequest) -> None:
-    if req.tools and req.tool_choice != "none":
-        raise bad_request("tool calling is not supported by this server", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("only response_format {'type': 'text'} is supported", "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     if req.add_generation_prompt and req.continue_final_message:
@@ -86,14 +84,17 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                                  http: Request) -> ChatCompletionResponse | Response:
     state.check_model(req.model)
     _check_supported(req)
+    plan = ToolPlan.for_request(state, req)   # tools for the template, constraints, reply parsing
+    req = plan.request
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
     ids, text = _prompt(state, req)
+    params = plan.constrain(params)
     request_id = new_request_id("chatcmpl")
     gen = await Generation.start(state, request_id, [(ids, text)], params)
     if req.stream:
-        return GenerationStreamResponse(_stream(state, req, gen, request_id), gen.close)
+        return GenerationStreamResponse(_stream(state, req, gen, request_id, plan), gen.close)
     try:
         finals = await until_disconnect(http, gen.collect())
     except ClientDisconnected:
@@ -105,9 +106,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     for comp in out.outputs:
         check_failed(comp)
         choices.append(ChatChoice(
-            index=comp.index, message=ChatResponseMessage(content=comp.text),
+            index=comp.index, message=ChatResponseMessage(**plan.message(comp.text)),
             logprobs=_logprobs(state, comp.logprobs or []) if req.logprobs else None,
-            finish_reason=str(comp.finish_reason), stop_reason=comp.stop_reason,
+            finish_reason=plan.finish_reason(comp.text, comp.finish_reason), stop_reason=comp.stop_reason,
             token_ids=list(comp.token_ids) if req.return_token_ids else None))
     choices.sort(key=lambda c: c.index)
     return ChatCompletionResponse(id=request_id, model=state.served_model_name, choices=choices,
@@ -116,7 +117,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generation,
-                  request_id: str) -> AsyncIterator[str]:
+                  request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
     created = int(time.time())
     include_usage, continuous = usage_options(req.stream_options)
 
@@ -127,6 +128,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generatio
         return sse(body.model_dump_json())
 
     cursors = [ChoiceCursor() for _ in range(req.n)]
+    streamers = [plan.streamer() for _ in range(req.n)]
 
     def choices_of(_p_idx: int, out: RequestOutput) -> list[ChatStreamChoice]:
         choices = []
@@ -139,9 +141,9 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generatio
             if not (text or ids or cursor.done):
                 continue
             choices.append(ChatStreamChoice(
-                index=comp.index, delta=DeltaMessage(content=text) if text else DeltaMessage(),
+                index=comp.index, delta=DeltaMessage(**streamers[comp.index].delta(text, cursor.done)),
                 logprobs=_logprobs(state, lps) if req.logprobs else None,
-                finish_reason=str(comp.finish_reason) if cursor.done else None,
+                finish_reason=streamers[comp.index].finish_reason(comp.finish_reason) if cursor.done else None,
                 stop_reason=comp.stop_reason if cursor.done else None,
                 token_ids=ids if req.return_token_ids else None))
         return choices

@@ -15,6 +15,7 @@ from specserve.engine.types import Logprob, RequestOutput
 from specserve.server.errors import bad_request
 from specserve.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                              CompletionStreamResponse)
+from specserve.server.tools import constrain, structured_from
 from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
                             ServerState, check_failed, clamp_logprob, new_request_id, sampling_params,
                             sse, stream_chunks, tokenize, until_disconnect, usage_options)
@@ -85,6 +86,7 @@ async def create_completion(state: ServerState, req: CompletionRequest,
     _check_supported(req)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
     prompts = _prompts(state, req)
+    params = constrain(params, structured_from(req))   # response_format / structured_outputs
     request_id = new_request_id("cmpl")
     gen = await Generation.start(state, request_id, prompts, params)
     echo = _Echo(state, prompts) if req.echo else None

@@ -35,7 +35,9 @@ class LiveServer:
                                           "warning", "--no-access-log"])
         self.options = server_options(args, environ or {})
         self.engine = AsyncEngine(engine_config(args))
-        self.app = create_app(self.engine, served_model_name=self.options.served_model_name,
+        from specserve.server.tools import ToolOptions
+
+        self.app = create_app(self.engine, tool_options=ToolOptions.from_args(args), served_model_name=self.options.served_model_name,
                               api_keys=self.options.api_keys,
                               shutdown_timeout=self.options.shutdown_timeout)
         self.server = make_server(self.app, self.options)
