@@ -105,6 +105,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int = 1024
     enforce_eager: bool = False
+    # request defaults: "auto" = the model's generation_config.json, "vllm" = none, else a folder
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -127,6 +129,8 @@ class EngineConfig:
             raise ConfigError("--kernel-backend must be auto, torch or triton")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be positive")
+        if not self.generation_config:
+            raise ConfigError("--generation-config must be 'auto', 'vllm' or a folder")
 
     @property
     def num_speculative_tokens(self) -> int:

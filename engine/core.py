@@ -66,7 +66,10 @@ class EngineCore:
         if n >= info.max_model_len:
             raise ParamError("prompt", f"this model's maximum context length is {info.max_model_len} tokens; "
                              f"the prompt has {n} tokens, leaving no room to generate")
-        max_tokens = params.max_tokens if params.max_tokens is not None else info.max_model_len - n
+        max_tokens = params.max_tokens
+        if max_tokens is None:   # the model's default length (capped by the context), else the context
+            room = info.max_model_len - n
+            max_tokens = min(info.generation_defaults.get("max_tokens", room), room)
         if n + max_tokens > info.max_model_len:
             raise ParamError("max_tokens", f"this model's maximum context length is {info.max_model_len} "
                              f"tokens; you requested {n + max_tokens} ({n} in the prompt + "

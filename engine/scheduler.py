@@ -128,7 +128,7 @@ class Scheduler:
                 self.prefix_queries_step += req.num_tokens
                 self.prefix_hits_step += cached
                 req.num_computed_tokens = req.num_draft_computed = cached
-                if req.num_output_tokens == 0:
+                if req.times.num_preemptions == 0:   # a resumed request re-finds its own blocks
                     req.num_cached_tokens = cached
             n = self._chunk(req, budget)
             samples, k_next, slots = self._slots_needed(req, n)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig
 from specserve.engine.models.loader import load_model
-from specserve.engine.models.spec import ModelSpec, read_model_spec
+from specserve.engine.models.spec import (GENERATION_CONFIG, ModelSpec, generation_defaults,
+                                          read_generation_config, read_model_spec)
 from specserve.engine.runner.draft_loop import DraftLoop
 from specserve.engine.runner.model_runner import ModelRunner
+from specserve.engine.types import ParamError, SamplingParams
 from specserve.kernels.backend import set_backend, triton_available
 
 log = logging.getLogger("specserve.engine")
@@ -41,6 +43,9 @@ class EngineInfo:
     block_size: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    # request defaults from --generation-config (SamplingParams names; max_tokens included)
+    generation_defaults: Mapping[str, Any] = field(default_factory=dict)
+    generation_config_file: Optional[str] = None   # where they came from (None: no defaults)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -107,6 +112,47 @@ def check_tokenizers_match(target_tok, draft_tok, draft_path: str) -> None:
                           "speculative decoding needs the same vocabulary (padding may differ)")
 
 
+def resolve_generation_defaults(choice: str, model_path: str) -> tuple[dict[str, Any], Optional[str]]:
+    """``--generation-config``: auto = the model's generation_config.json, vllm = no defaults,
+    anything else = a folder holding a generation_config.json. Returns (defaults, the file)."""
+    if choice == "vllm":
+        return {}, None
+    folder = Path(model_path if choice == "auto" else choice)
+    gen_file = folder / GENERATION_CONFIG
+    if not gen_file.is_file():
+        if choice == "auto":
+            return {}, None
+        raise ConfigError(f"--generation-config {choice!r}: no {GENERATION_CONFIG} in that folder "
+                          "(use 'auto' for the model's own, 'vllm' for none)")
+    try:
+        defaults = generation_defaults(read_generation_config(folder))
+    except (ValueError, AttributeError) as e:
+        raise ConfigError(f"{gen_file} is not a JSON object of generation settings: {e}") from None
+    _check_generation_defaults(defaults, gen_file)
+    return defaults, str(gen_file)
+
+
+def _check_generation_defaults(defaults: dict[str, Any], gen_file: Path) -> None:
+    """Refuse at start-up defaults that would make every request fail."""
+    for name in ("top_k", "max_tokens"):
+        value = defaults.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{gen_file}: {name} must be an integer, got {value!r}")
+    try:
+        SamplingParams(**defaults)
+    except (ParamError, TypeError) as e:
+        raise ConfigError(f"{gen_file}: unusable generation defaults: {e}") from None
+
+
+def describe_generation_defaults(defaults: Mapping[str, Any], gen_file: Optional[str]) -> str:
+    if not defaults:
+        source = f"{gen_file} sets none" if gen_file else "--generation-config vllm or no generation_config.json"
+        return f"generation defaults: none ({source})"
+    values = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    return (f"generation defaults from {gen_file}: {values} (a request's own fields win; "
+            "--generation-config vllm turns them off)")
+
+
 def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype,
                 device: torch.device, max_model_len: int) -> int:
     if config.num_kv_blocks is not None:
@@ -137,6 +183,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     device = pick_device(config.device)
     target_path = resolve_model_path(config.model, "target")
     target_spec = read_model_spec(target_path)
+    gen_defaults, gen_file = resolve_generation_defaults(config.generation_config, target_path)
     dtype = pick_dtype(config.dtype, target_spec, device)
     backend = pick_backend(config.kernel_backend, device)
     set_backend(backend)
@@ -168,11 +215,13 @@ def load_models(config: EngineConfig) -> LoadedModels:
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,
-        served_model_name=config.served_model_name or (DEMO_MODEL if config.model == DEMO_MODEL else Path(target_path).name),
+        served_model_name=config.served_model_name or config.model,   # vLLM: the path as given
         num_speculative_tokens=num_spec, rejection_sample_method=spec_cfg.rejection_sample_method,
         draft_sample_method=spec_cfg.draft_sample_method, max_model_len=max_len, device=str(device),
         dtype=str(dtype).replace("torch.", ""), kernel_backend=backend, num_kv_blocks=blocks,
-        block_size=config.block_size, vocab_size=target_spec.vocab_size, eos_token_ids=eos)
+        block_size=config.block_size, vocab_size=target_spec.vocab_size, eos_token_ids=eos,
+        generation_defaults=gen_defaults, generation_config_file=gen_file)
     log.info("KV cache: %d blocks of %d tokens = %d tokens; max model len %d", blocks,
              config.block_size, info.kv_capacity_tokens, max_len)
+    log.info("%s", describe_generation_defaults(gen_defaults, gen_file))
     return LoadedModels(info, tokenizer, runner)

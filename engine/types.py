@@ -61,7 +61,9 @@ class SamplingParams:
     """Per-request sampling options (the OpenAI fields plus vLLM's common extras).
 
     ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` disable those filters.
-    ``max_tokens=None`` means "until the context is full". ``logprobs=None`` returns none;
+    ``max_tokens=None`` means the model's default length (``max_new_tokens`` of the generation
+    config the engine was started with), capped by the context; without one, until the context is
+    full. ``logprobs=None`` returns none;
     ``logprobs=N`` returns the sampled token's log-probability plus the top N.
     """
 

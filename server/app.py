@@ -6,9 +6,11 @@ The lifespan starts the engine's step thread inside the running event loop and, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Sequence, Union
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -21,6 +23,7 @@ from specserve.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddlew
 from specserve.server.metrics import ServerMetrics
 from specserve.server.routes import build_router
 from specserve.server.serving import ServerState
+from specserve.server.stats_log import StatsLogger
 from specserve.server.tokens import TokenText
 
 logger = logging.getLogger(__name__)
@@ -38,30 +41,47 @@ def _strip_422(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def create_app(engine: Any, *, tool_options: Any = None, served_model_name: Optional[str] = None,
+def _served_names(engine: Any, given: Union[str, Sequence[str], None]) -> tuple[str, ...]:
+    names = (given,) if isinstance(given, str) else tuple(given or ())
+    return tuple(dict.fromkeys(n for n in names if n)) or (engine.info.served_model_name,)
+
+
+def create_app(engine: Any, *, tool_options: Any = None,
+               served_model_name: Union[str, Sequence[str], None] = None,
                api_keys: Sequence[str] = (), shutdown_timeout: float = 30.0,
                registry: Optional[CollectorRegistry] = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, enable_test_hooks: bool = False,
-               metrics_prefix: str = "specserve") -> FastAPI:
+               metrics_prefix: str = "specserve", log_stats_interval: Optional[float] = None) -> FastAPI:
     """The OpenAI-compatible app serving ``engine`` (an ``engine.AsyncEngine``, not yet started).
 
     Request bodies over ``max_body_bytes`` get a 413. ``enable_test_hooks`` adds the test-only
     ``POST /debug/fault`` (never in production). ``metrics_prefix`` "vllm" exports vLLM's metric
-    names and ``engine`` label.
+    names and ``engine`` label. ``served_model_name``: one name or several (the first is reported,
+    requests may use any); default the engine's. ``log_stats_interval``: seconds between stats log
+    lines (None: no stats log).
     """
-    name = served_model_name or engine.info.served_model_name
+    names = _served_names(engine, served_model_name)
+    name = names[0]
     metrics = ServerMetrics(name, engine.info.num_speculative_tokens, registry, metrics_prefix)
     state = ServerState(engine=engine, served_model_name=name, metrics=metrics,
-                        token_text=TokenText(engine.tokenizer))
+                        token_text=TokenText(engine.tokenizer), served_model_names=names)
+    stats_log = StatsLogger(engine, log_stats_interval) if log_stats_interval else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.add_step_listener(metrics.on_step)
+        if stats_log is not None:
+            engine.add_step_listener(stats_log.on_step)
         await engine.start()
         logger.debug("engine started; serving model %r", name)
+        stats_task = asyncio.create_task(stats_log.run()) if stats_log is not None else None
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stats_task
             logger.info("shutting down: draining in-flight requests (up to %.0fs)", shutdown_timeout)
             await engine.shutdown(timeout=shutdown_timeout)
             logger.info("engine stopped")
@@ -70,6 +90,7 @@ def create_app(engine: Any, *, tool_options: Any = None, served_model_name: Opti
                   description="OpenAI-compatible server with lossless speculative decoding "
                               "(a separate draft model).")
     app.state.server = state
+    app.state.stats_log = stats_log
     state.tools = tool_options   # server/tools.py: ToolOptions (None: no auto tool choice)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)

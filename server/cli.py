@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
 from specserve.server.tools import add_tool_flags
 from specserve.server.limits import DEFAULT_MAX_BODY_BYTES
+from specserve.server.stats_log import DEFAULT_INTERVAL_S
 
 logger = logging.getLogger("specserve")
 
@@ -32,7 +33,7 @@ EXIT_ENGINE_FAILED = 4  # the engine loop died and --exit-on-engine-failure is o
 class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: Optional[str] = None
+    served_model_name: tuple[str, ...] = ()   # the first is reported; requests may use any
     api_keys: tuple[str, ...] = ()
     shutdown_timeout: float = 30.0
     log_level: str = "info"
@@ -42,6 +43,7 @@ class ServerOptions:
     engine_failure_grace: float = 2.0  # seconds between the engine's death and the exit
     enable_test_hooks: bool = False
     metrics_prefix: str = "specserve"
+    log_stats_interval: Optional[float] = DEFAULT_INTERVAL_S   # None: --disable-log-stats
 
     def __repr__(self) -> str:  # never print keys
         return (f"ServerOptions(host={self.host!r}, port={self.port}, served_model_name="
@@ -49,7 +51,8 @@ class ServerOptions:
                 f"shutdown_timeout={self.shutdown_timeout}, log_level={self.log_level!r}, "
                 f"max_request_body_bytes={self.max_request_body_bytes}, "
                 f"exit_on_engine_failure={self.exit_on_engine_failure}, "
-                f"enable_test_hooks={self.enable_test_hooks})")
+                f"enable_test_hooks={self.enable_test_hooks}, "
+                f"log_stats_interval={self.log_stats_interval})")
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -77,6 +80,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N")
     g.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default=d.kernel_backend,
                    help="auto: Triton kernels on CUDA, the PyTorch reference kernels on CPU")
+    g.add_argument("--generation-config", default=d.generation_config,
+                   help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty, and "
+                        "max_new_tokens as the default max_tokens): auto (default) = the model's "
+                        "generation_config.json, vllm = none, or a folder holding a "
+                        "generation_config.json; a request's own fields always win")
     g.add_argument("--seed", type=int, default=d.seed,
                    help="seeds dummy weights and the per-request seeds of requests that give none")
     c = p.add_argument_group("cache and scheduling")
@@ -106,8 +114,9 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("server")
     s.add_argument("--host", default=ServerOptions.host, help="address to listen on (default %(default)s)")
     s.add_argument("--port", type=int, default=ServerOptions.port, help="port (default %(default)s)")
-    s.add_argument("--served-model-name", default=None,
-                   help="the model id clients send and /v1/models lists (default: the directory's name)")
+    s.add_argument("--served-model-name", nargs="+", default=None,
+                   help="the model id(s) clients send and /v1/models lists; the first is the one "
+                        "responses report (default: --model as given, or 'demo')")
     s.add_argument("--api-key", action="append", default=[],
                    help=f"required bearer key for /v1/* (repeatable; also ${API_KEY_ENV}, comma-separated)")
     s.add_argument("--shutdown-timeout", type=float, default=ServerOptions.shutdown_timeout,
@@ -115,6 +124,11 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    default=ServerOptions.log_level, help="log verbosity (default %(default)s)")
     s.add_argument("--no-access-log", action="store_true", help="do not log every HTTP request")
+    s.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic stats log line (throughput, queue, KV cache, prefix cache, "
+                        "spec-decode acceptance)")
+    s.add_argument("--log-stats-interval", type=float, default=DEFAULT_INTERVAL_S,
+                   help="seconds between stats log lines while requests run (default %(default)s)")
     s.add_argument("--metrics-prefix", choices=("specserve", "vllm"), default=ServerOptions.metrics_prefix,
                    help="Prometheus names: specserve:* (default), or vllm:* with vLLM's `engine` label, "
                         "for vLLM dashboards, alerts and inference-gateway endpoint pickers")
@@ -156,7 +170,8 @@ def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The serve flags -> EngineConfig (raises ConfigError with the flag's name)."""
     return EngineConfig(
-        model=args.model, tokenizer=args.tokenizer, served_model_name=args.served_model_name,
+        model=args.model, tokenizer=args.tokenizer,
+        served_model_name=next(iter(served_names(args)), None),
         speculative=_speculative(args), dtype=args.dtype, load_format=args.load_format,
         device=args.device, kernel_backend=args.kernel_backend, seed=args.seed,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
@@ -164,13 +179,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager)
+        max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager,
+        generation_config=args.generation_config)
 
 
 def api_keys(cli_keys: Sequence[str], environ: Mapping[str, str]) -> tuple[str, ...]:
     keys = [k.strip() for k in cli_keys]
     keys += [k.strip() for k in environ.get(API_KEY_ENV, "").split(",")]
     return tuple(dict.fromkeys(k for k in keys if k))
+
+
+def served_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--served-model-name`` A [B ...]: the names, in order, without blanks or repeats."""
+    names = tuple(dict.fromkeys(n.strip() for n in args.served_model_name or () if n.strip()))
+    if args.served_model_name is not None and not names:
+        raise ConfigError("--served-model-name needs a non-empty name")
+    return names
 
 
 def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
@@ -180,12 +204,15 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
         raise ConfigError("--shutdown-timeout must be >= 0")
     if args.max_request_body_bytes < 1:
         raise ConfigError("--max-request-body-bytes must be positive")
-    return ServerOptions(host=args.host, port=args.port, served_model_name=args.served_model_name,
+    if not args.log_stats_interval > 0:
+        raise ConfigError("--log-stats-interval must be positive")
+    return ServerOptions(host=args.host, port=args.port, served_model_name=served_names(args),
                          api_keys=api_keys(args.api_key, environ), shutdown_timeout=args.shutdown_timeout,
                          log_level=args.log_level, access_log=not args.no_access_log,
                          max_request_body_bytes=args.max_request_body_bytes,
                          exit_on_engine_failure=args.exit_on_engine_failure,
-                         enable_test_hooks=args.enable_test_hooks, metrics_prefix=args.metrics_prefix)
+                         enable_test_hooks=args.enable_test_hooks, metrics_prefix=args.metrics_prefix,
+                         log_stats_interval=None if args.disable_log_stats else args.log_stats_interval)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,7 +297,8 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     app = create_app(engine, tool_options=ToolOptions.from_args(args), served_model_name=opts.served_model_name, api_keys=opts.api_keys,
                      shutdown_timeout=opts.shutdown_timeout,
                      max_body_bytes=opts.max_request_body_bytes,
-                     enable_test_hooks=opts.enable_test_hooks, metrics_prefix=opts.metrics_prefix)
+                     enable_test_hooks=opts.enable_test_hooks, metrics_prefix=opts.metrics_prefix,
+                     log_stats_interval=opts.log_stats_interval)
     if opts.enable_test_hooks:
         logger.warning("--enable-test-hooks is on: POST /debug/fault can kill the engine (tests only)")
     server = make_server(app, opts)

@@ -74,7 +74,8 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
         ..., description="a string, a list of strings, token ids, or a list of token-id lists")
-    max_tokens: Optional[int] = Field(16, ge=1)
+    max_tokens: Optional[int] = Field(None, ge=1, description="default: the model's max_new_tokens "
+                                      "(--generation-config), else 16")
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=_MAX_LOGPROBS)
     best_of: Optional[int] = Field(None, description="only best_of == n is supported")
@@ -140,10 +141,15 @@ class SpecDecodeUsage(BaseModel):
     acceptance_length: Optional[float]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens whose KV came from the prefix cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: Optional[PromptTokensDetails] = _omit_none()
     spec_decode: Optional[SpecDecodeUsage] = _omit_none()
 
 
@@ -159,7 +165,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = _omit_none()
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="the stop string or stop token id that ended the choice; null otherwise")
     prompt_token_ids: Optional[list[int]] = _omit_none()
     token_ids: Optional[list[int]] = _omit_none()
 
@@ -209,7 +216,8 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: Optional[ChatChoiceLogprobs] = None
     finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = _omit_none()
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="the stop string or stop token id that ended the choice; null otherwise")
     token_ids: Optional[list[int]] = _omit_none()
 
 
@@ -234,7 +242,8 @@ class ChatStreamChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Optional[ChatChoiceLogprobs] = None
     finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = _omit_none()
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="the stop string or stop token id that ended the choice; null otherwise")
     token_ids: Optional[list[int]] = _omit_none()
 
 
@@ -272,6 +281,41 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeCompletionRequest(BaseModel):
+    """``POST /tokenize`` with a ``prompt`` (vLLM's shape)."""
+
+    model: Optional[str] = None
+    prompt: StrictStr
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(BaseModel):
+    """``POST /tokenize`` with chat ``messages``: the prompt the chat template makes of them."""
+
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = Field(False, description="the template already holds the special tokens")
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(BaseModel):
+    model: Optional[str] = None
+    tokens: list[StrictInt]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class HealthResponse(BaseModel):

@@ -1,4 +1,5 @@
-"""The endpoints. ``/v1/*`` sit behind the API-key check; /health, /metrics and /version stay open.
+"""The endpoints. ``/v1/*``, /tokenize and /detokenize sit behind the API-key check; /health,
+/ping, /metrics and /version stay open.
 
 Every status code a route can return is declared in its ``responses`` so the OpenAPI document is
 complete (schemathesis checks that nothing undocumented comes back).
@@ -6,7 +7,7 @@ complete (schemathesis checks that nothing undocumented comes back).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 from fastapi import APIRouter, Depends, Request
 
@@ -16,11 +17,13 @@ from specserve.server.debug import engine_state
 from specserve.server.errors import APIError
 from specserve.server.metrics import MetricsApp, ServerMetrics
 from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                             CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList,
-                             SpeculativeInfo, VersionResponse)
+                             CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                             HealthResponse, ModelCard, ModelList, SpeculativeInfo, TokenizeChatRequest,
+                             TokenizeCompletionRequest, TokenizeResponse, VersionResponse)
 from specserve.server.serving import ServerState
 from specserve.server.serving_chat import create_chat_completion
 from specserve.server.serving_completions import create_completion
+from specserve.server.serving_tokenize import detokenize_request, tokenize_request
 
 _ERR = {"model": ErrorResponse}
 _V1_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -76,19 +79,35 @@ def build_router(auth: APIKeyChecker) -> APIRouter:
                                    num_speculative_tokens=info.num_speculative_tokens,
                                    rejection_sample_method=info.rejection_sample_method,
                                    draft_sample_method=info.draft_sample_method)
-        card = ModelCard(id=state.served_model_name, root=str(info.model_path),
-                         max_model_len=info.max_model_len, speculative=spec)
-        return ModelList(data=[card])
+        names = state.served_model_names or (state.served_model_name,)
+        return ModelList(data=[ModelCard(id=name, root=str(info.model_path), max_model_len=info.max_model_len,
+                                         speculative=spec) for name in names])
 
     router.include_router(v1)
+    _add_tokenize_routes(router, auth)
 
-    @router.get("/health", response_model=HealthResponse,
-                responses={503: {**_ERR, "description": "the engine is dead"}})
-    async def health(request: Request) -> Any:
+    def health_of(request: Request) -> Any:
         engine = state_of(request).engine
         if engine.is_dead:
             return APIError(503, f"the engine is dead: {engine.dead_error}", code="engine_dead").response()
         return HealthResponse(status="ok")
+
+    @router.get("/health", response_model=HealthResponse,
+                responses={503: {**_ERR, "description": "the engine is dead"}})
+    async def health(request: Request) -> Any:
+        return health_of(request)
+
+    @router.get("/ping", response_model=HealthResponse,
+                responses={503: {**_ERR, "description": "the engine is dead"}})
+    async def ping(request: Request) -> Any:
+        """The same check as /health (the probe path some platforms use)."""
+        return health_of(request)
+
+    @router.post("/ping", response_model=HealthResponse,
+                 responses={503: {**_ERR, "description": "the engine is dead"}})
+    async def ping_post(request: Request) -> Any:
+        """/ping by POST, as vLLM also accepts it."""
+        return health_of(request)
 
     def before_scrape(app: Any) -> ServerMetrics:
         state: ServerState = app.state.server
@@ -103,4 +122,28 @@ def build_router(auth: APIKeyChecker) -> APIRouter:
         return VersionResponse(version=__version__)
 
     return router
+
+
+_TOKENIZE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_V1_ERRORS,
+    400: {**_ERR, "description": "invalid request: malformed JSON, wrong types, token ids outside the "
+                                 "vocabulary, messages the chat template cannot render"},
+    404: {**_ERR, "description": "unknown model"},
+    413: {**_ERR, "description": "the request body is larger than --max-request-body-bytes"},
+}
+
+
+def _add_tokenize_routes(router: APIRouter, auth: APIKeyChecker) -> None:
+    """vLLM's /tokenize and /detokenize (behind the API key, like /v1/*)."""
+
+    @router.post("/tokenize", response_model=TokenizeResponse, dependencies=[Depends(auth)],
+                 responses=_TOKENIZE_ERRORS)
+    async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
+                       request: Request) -> TokenizeResponse:
+        return tokenize_request(state_of(request), body)
+
+    @router.post("/detokenize", response_model=DetokenizeResponse, dependencies=[Depends(auth)],
+                 responses=_TOKENIZE_ERRORS)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        return detokenize_request(state_of(request), body)
 

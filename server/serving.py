@@ -14,7 +14,7 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
 
 import anyio
 from fastapi import Request
@@ -25,7 +25,7 @@ from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, Par
                           SamplingParams, SpecDecodeStats)
 from specserve.server.errors import APIError, bad_request, from_engine_error
 from specserve.server.metrics import RequestTracker, ServerMetrics
-from specserve.server.protocol import SamplingFields, SpecDecodeUsage, Usage
+from specserve.server.protocol import PromptTokensDetails, SamplingFields, SpecDecodeUsage, Usage
 from specserve.server.tokens import TokenText
 
 logger = logging.getLogger(__name__)
@@ -36,12 +36,17 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf; OpenAI clients expect a number
 
 @dataclass
 class ServerState:
-    """What every endpoint needs: the engine, its tokenizer, the served name and the metrics."""
+    """What every endpoint needs: the engine, its tokenizer, the served names and the metrics.
+
+    ``served_model_name`` is the first of ``served_model_names``: responses report it, requests
+    may name any of them.
+    """
 
     engine: Any
     served_model_name: str
     metrics: ServerMetrics
     token_text: TokenText
+    served_model_names: tuple[str, ...] = ()
 
     @property
     def tokenizer(self) -> Any:
@@ -51,8 +56,14 @@ class ServerState:
     def spec_enabled(self) -> bool:
         return self.engine.info.num_speculative_tokens > 0
 
+    @property
+    def generation_defaults(self) -> Mapping[str, Any]:
+        """Request defaults from the model's generation config (``--generation-config``)."""
+        return self.engine.info.generation_defaults
+
     def check_model(self, name: Optional[str]) -> None:
-        if name is None or name in (self.served_model_name, self.engine.info.model_path):
+        if name is None or name in (self.served_model_name, *self.served_model_names,
+                                    self.engine.info.model_path):
             return
         raise APIError(404, f"the model '{name}' does not exist; this server serves "
                             f"'{self.served_model_name}'", param="model", code="model_not_found")
@@ -93,21 +104,36 @@ def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
         raise bad_request(f"logit_bias keys must be token ids, got {sorted(raw)[:3]}", "logit_bias") from None
 
 
-def sampling_params(req: SamplingFields, *, max_tokens: Optional[int],
-                    logprobs: Optional[int]) -> SamplingParams:
-    """The shared sampling fields -> engine SamplingParams (engine refusals become 400s)."""
+_DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def with_defaults(req: SamplingFields, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields the model's generation config may default: the request's own value
+    when it sent one (not null), else the model's default, else the API's."""
+    sent = req.model_fields_set
+    return {name: getattr(req, name) if name in sent else defaults.get(name, getattr(req, name))
+            for name in _DEFAULTED_FIELDS}
+
+
+def sampling_params(req: SamplingFields, *, max_tokens: Optional[int], logprobs: Optional[int],
+                    defaults: Optional[Mapping[str, Any]] = None) -> SamplingParams:
+    """The shared sampling fields -> engine SamplingParams (engine refusals become 400s).
+
+    ``defaults``: the model's generation defaults, for the fields the request did not send.
+    """
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     for s in stop:
         check_text(s, "stop")
+    knobs = with_defaults(req, defaults or {})
     try:
         return SamplingParams(
-            n=req.n, temperature=req.temperature, top_p=req.top_p,
-            top_k=req.top_k if req.top_k is not None else 0,
-            min_p=req.min_p if req.min_p is not None else 0.0,
+            n=req.n, temperature=knobs["temperature"], top_p=knobs["top_p"],
+            top_k=knobs["top_k"] if knobs["top_k"] is not None else 0,
+            min_p=knobs["min_p"] if knobs["min_p"] is not None else 0.0,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
+            repetition_penalty=knobs["repetition_penalty"] if knobs["repetition_penalty"] is not None else 1.0,
             logit_bias=_logit_bias(req.logit_bias),
             seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=stop,
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos,
@@ -119,17 +145,22 @@ def sampling_params(req: SamplingFields, *, max_tokens: Optional[int],
 
 def usage_of(state: ServerState, prompt_lens: list[int],
              outputs: list[Optional[RequestOutput]]) -> Usage:
-    """Usage over all prompts and choices; ``spec_decode`` merges the per-sequence counters."""
-    completion = 0
+    """Usage over all prompts and choices; ``spec_decode`` merges the per-sequence counters;
+    ``prompt_tokens_details.cached_tokens`` counts each prompt's prefix-cache hits once (as
+    ``prompt_tokens`` counts each prompt once)."""
+    completion = cached = 0
     spec = SpecDecodeStats()
     for out in outputs:
+        if out is not None:
+            cached += out.num_cached_prompt_tokens
         for comp in (out.outputs if out is not None else []):
             completion += len(comp.token_ids)
             spec.merge(comp.spec_decode)
     prompt = sum(prompt_lens)
     block = SpecDecodeUsage(**spec.as_dict()) if state.spec_enabled else None
     return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                 total_tokens=prompt + completion, spec_decode=block)
+                 total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached), spec_decode=block)
 
 
 @dataclass

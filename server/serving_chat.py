@@ -54,6 +54,13 @@ def _check_supported(req: ChatCompletionRequest) -> None:
 
 
 def _prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], str]:
+    text = render_chat(state, req)
+    return tokenize(state, text, "messages", add_special_tokens=False), text
+
+
+def render_chat(state: ServerState, req: Any) -> str:
+    """The prompt text the tokenizer's chat template makes of ``req.messages`` (``req``: a chat
+    completion or a /tokenize chat request; both carry the template fields)."""
     if not getattr(state.tokenizer, "chat_template", None):
         raise bad_request("this model's tokenizer has no chat template; use /v1/completions", "messages")
     messages = _message_dicts(req)
@@ -67,7 +74,7 @@ def _prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], 
     if not isinstance(text, str):
         raise bad_request("chat_template_kwargs must not change the template's output type",
                           "chat_template_kwargs")
-    return tokenize(state, text, "messages", add_special_tokens=False), text
+    return text
 
 
 def _logprobs(state: ServerState, lps: list[Logprob]) -> ChatChoiceLogprobs:
@@ -88,7 +95,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     req = plan.request
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs)
+    # no max_tokens: the engine applies the model's default length, capped by the context
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs,
+                             defaults=state.generation_defaults)
     ids, text = _prompt(state, req)
     params = plan.constrain(params)
     request_id = new_request_id("chatcmpl")

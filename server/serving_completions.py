@@ -41,6 +41,17 @@ def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int]
     return [(list(ids), None) for ids in raw]
 
 
+API_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions
+
+
+def _max_tokens(state: ServerState, req: CompletionRequest) -> Optional[int]:
+    """The request's own max_tokens; else None when the model has a default length (the engine
+    applies it, capped by the context); else OpenAI's 16."""
+    if req.max_tokens is not None:
+        return req.max_tokens
+    return None if "max_tokens" in state.generation_defaults else API_DEFAULT_MAX_TOKENS
+
+
 def _check_supported(req: CompletionRequest) -> None:
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this server", "suffix")
@@ -84,7 +95,8 @@ async def create_completion(state: ServerState, req: CompletionRequest,
                             http: Request) -> CompletionResponse | Response:
     state.check_model(req.model)
     _check_supported(req)
-    params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+    params = sampling_params(req, max_tokens=_max_tokens(state, req), logprobs=req.logprobs,
+                             defaults=state.generation_defaults)
     prompts = _prompts(state, req)
     params = constrain(params, structured_from(req))   # response_format / structured_outputs
     request_id = new_request_id("cmpl")

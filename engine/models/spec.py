@@ -57,11 +57,36 @@ def _rope_type(raw: dict) -> str:
     return params.get("rope_type") or params.get("type") or "default"
 
 
+GENERATION_CONFIG = "generation_config.json"
+# generation_config.json keys applied as request defaults -> the SamplingParams field they set
+_SAMPLING_DEFAULT_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                          "min_p": "min_p", "repetition_penalty": "repetition_penalty"}
+
+
+def read_generation_config(folder: str | Path) -> dict[str, Any]:
+    """``folder/generation_config.json`` as a dict ({} when the folder has none)."""
+    gen_path = Path(folder) / GENERATION_CONFIG
+    return json.loads(gen_path.read_text()) if gen_path.exists() else {}
+
+
+def generation_defaults(gen: dict[str, Any]) -> dict[str, Any]:
+    """The request defaults a generation config sets, under SamplingParams' names.
+
+    Sampling knobs count only when the file samples (``do_sample`` true or absent: with
+    ``do_sample: false`` transformers ignores them); ``max_new_tokens`` becomes ``max_tokens``.
+    Keys set to null are left out.
+    """
+    out: dict[str, Any] = {}
+    if gen.get("do_sample", True):
+        out.update({name: gen[key] for key, name in _SAMPLING_DEFAULT_KEYS.items()
+                    if gen.get(key) is not None})
+    if gen.get("max_new_tokens") is not None:
+        out["max_tokens"] = gen["max_new_tokens"]
+    return out
+
+
 def _eos_ids(path: Path, raw: dict) -> tuple[dict[str, Any], tuple[int, ...]]:
-    gen: dict[str, Any] = {}
-    gen_path = path / "generation_config.json"
-    if gen_path.exists():
-        gen = json.loads(gen_path.read_text())
+    gen = read_generation_config(path)
     eos = gen.get("eos_token_id", raw.get("eos_token_id"))
     if eos is None:
         ids: tuple[int, ...] = ()
@@ -69,9 +94,7 @@ def _eos_ids(path: Path, raw: dict) -> tuple[dict[str, Any], tuple[int, ...]]:
         ids = tuple(int(e) for e in eos)
     else:
         ids = (int(eos),)
-    defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")
-                if k in gen and gen.get("do_sample", True)}
-    return defaults, ids
+    return generation_defaults(gen), ids
 
 
 def read_model_spec(path: str | Path) -> ModelSpec:

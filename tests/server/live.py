@@ -39,7 +39,8 @@ class LiveServer:
 
         self.app = create_app(self.engine, tool_options=ToolOptions.from_args(args), served_model_name=self.options.served_model_name,
                               api_keys=self.options.api_keys,
-                              shutdown_timeout=self.options.shutdown_timeout)
+                              shutdown_timeout=self.options.shutdown_timeout,
+                              log_stats_interval=self.options.log_stats_interval)
         self.server = make_server(self.app, self.options)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name=f"uvicorn-{self.port}", daemon=True)

@@ -9,7 +9,9 @@ completions of Python prompts look like Python, and speculative decoding actuall
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -138,3 +140,26 @@ def test_sampled_completions_look_like_python_and_drafts_pay_off(demo_url: str) 
     assert accepted == sum(u["num_accepted_tokens"] for u in usage)
     length = 1 + accepted / drafts
     assert MIN_ACCEPTANCE_LENGTH < length <= 4 + 1, length
+
+
+def _readme_chat_body() -> dict:
+    """The JSON body of the README's chat example (the curl to /v1/chat/completions)."""
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"curl -s localhost:8000/v1/chat/completions .*?-d '(\{.*?\})'", readme, re.S)
+    assert match, "the README has no chat example"
+    return json.loads(match.group(1))
+
+
+def test_readme_chat_example_ends_within_the_default_length(demo_url: str) -> None:
+    """The README's chat example sends no max_tokens: the demo's generation_config.json
+    (max_new_tokens) bounds it, so it finishes by itself in seconds, not at the context's end."""
+    body = _readme_chat_body()
+    assert not {"max_tokens", "max_completion_tokens"} & set(body)
+    default_len = json.loads((REPO / "engine/demo/target/generation_config.json").read_text())["max_new_tokens"]
+    start = time.monotonic()
+    r = httpx.post(f"{demo_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    assert 0 < out["usage"]["completion_tokens"] <= default_len
+    assert time.monotonic() - start < 120

@@ -1,0 +1,43 @@
+"""POST /tokenize and /detokenize, in vLLM's shapes.
+
+``/tokenize`` takes a ``prompt`` (tokenized as /v1/completions would, special tokens added by
+default) or chat ``messages`` (rendered by the chat template as /v1/chat/completions would; the
+template already holds the special tokens, so none are added by default) and returns
+``{count, max_model_len, tokens}``: every token, also beyond max_model_len (clients count them to
+decide what to cut). ``/detokenize`` turns token ids back into ``{prompt}``.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from specserve.server.errors import bad_request
+from specserve.server.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
+                                       TokenizeCompletionRequest, TokenizeResponse)
+from specserve.server.serving import ServerState, check_text
+from specserve.server.serving_chat import render_chat
+
+TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+
+
+def tokenize_request(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
+    state.check_model(req.model)
+    if isinstance(req, TokenizeChatRequest):
+        if req.add_generation_prompt and req.continue_final_message:
+            raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
+                              "continue_final_message")
+        text, param = render_chat(state, req), "messages"
+    else:
+        text, param = req.prompt, "prompt"
+    check_text(text, param)
+    ids = list(state.tokenizer(text, add_special_tokens=req.add_special_tokens)["input_ids"])
+    return TokenizeResponse(count=len(ids), max_model_len=state.engine.info.max_model_len, tokens=ids)
+
+
+def detokenize_request(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
+    state.check_model(req.model)
+    vocab = state.engine.info.vocab_size
+    bad = [t for t in req.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "tokens")
+    return DetokenizeResponse(prompt=state.tokenizer.decode(req.tokens, skip_special_tokens=False))
