@@ -1,85 +1,72 @@
-"""Public kernel entry points. Each forwards to the selected backend's implementation.
+"""Public kernel entry points. Each forwards to the backend selected at start-up.
 
 Backends implement the same functions with the same signatures:
 ``kernels.ref_layers`` / ``kernels.triton_layers`` (model layers) and
 ``kernels.ref_sampling`` / ``kernels.triton_sampling`` (sampling and rejection sampling).
-The torch references are the CPU path and the test oracle for the Triton twins.
+The table of them, and the choice, live in :mod:`kernels.backend`; a call here only looks the
+chosen module up. The torch references are the CPU path and the test oracle for the Triton twins.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-from specserve.kernels.backend import get_backend
-
-_MODULES = {
-    ("torch", "layers"): "specserve.kernels.ref_layers",
-    ("triton", "layers"): "specserve.kernels.triton_layers",
-    ("torch", "sampling"): "specserve.kernels.ref_sampling",
-    ("triton", "sampling"): "specserve.kernels.triton_sampling",
-}
-
-
-def _impl(group: str) -> ModuleType:
-    return importlib.import_module(_MODULES[(get_backend(), group)])
+from specserve.kernels.backend import selected
 
 
 def rms_norm(x, weight, eps):
-    return _impl("layers").rms_norm(x, weight, eps)
+    return selected().layers.rms_norm(x, weight, eps)
 
 
 def add_rms_norm(x, residual, weight, eps):
-    return _impl("layers").add_rms_norm(x, residual, weight, eps)
+    return selected().layers.add_rms_norm(x, residual, weight, eps)
 
 
 def apply_rotary(q, k, positions, cos_sin_cache):
-    return _impl("layers").apply_rotary(q, k, positions, cos_sin_cache)
+    return selected().layers.apply_rotary(q, k, positions, cos_sin_cache)
 
 
 def silu_and_mul(x):
-    return _impl("layers").silu_and_mul(x)
+    return selected().layers.silu_and_mul(x)
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping):
-    return _impl("layers").write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return selected().layers.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions,
                        cos_sin_cache, k_cache, v_cache, slot_mapping):
     """q/k norm (optional) + rotary + KV-cache write from the fused QKV projection; returns q."""
-    return _impl("layers").attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm,
-                                              k_norm, eps, positions, cos_sin_cache, k_cache,
-                                              v_cache, slot_mapping)
+    return selected().layers.attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm,
+                                                k_norm, eps, positions, cos_sin_cache, k_cache,
+                                                v_cache, slot_mapping)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                     max_query_len=None, max_seq_len=None):
-    return _impl("layers").paged_attention(q, k_cache, v_cache, block_tables, query_start_loc,
-                                           seq_lens, scale, max_query_len, max_seq_len)
+    return selected().layers.paged_attention(q, k_cache, v_cache, block_tables, query_start_loc,
+                                             seq_lens, scale, max_query_len, max_seq_len)
 
 
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,
                  probs_out=None):
     """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor."""
-    return _impl("sampling").sample_draft(logits, temperature, top_k, top_p, min_p, seeds,
-                                          positions, store_probs, probs_out=probs_out)
+    return selected().sampling.sample_draft(logits, temperature, top_k, top_p, min_p, seeds,
+                                            positions, store_probs, probs_out=probs_out)
 
 
 def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs,
                      temperature, top_k, top_p, min_p, seeds, positions, method,
                      max_num_draft_tokens=None):
     """``max_num_draft_tokens`` (host int) sizes the output without reading the device."""
-    return _impl("sampling").rejection_sample(target_logits, cu_num_draft_tokens,
-                                              draft_token_ids, draft_probs, temperature, top_k,
-                                              top_p, min_p, seeds, positions, method,
-                                              max_num_draft_tokens)
+    return selected().sampling.rejection_sample(target_logits, cu_num_draft_tokens,
+                                                draft_token_ids, draft_probs, temperature, top_k,
+                                                top_p, min_p, seeds, positions, method,
+                                                max_num_draft_tokens)
 
 
 def warm_up_sampling(vocab, max_reqs, max_drafts, method, with_probs, store_probs, dtype, device):
     """Compile the sampling kernels' variants ahead of traffic (a no-op for the torch backend).
     Returns the number of warm-up calls made."""
-    impl = _impl("sampling")
+    impl = selected().sampling
     if not hasattr(impl, "warm_up"):
         return 0
     return impl.warm_up(vocab, max_reqs, max_drafts, method, with_probs, store_probs, dtype, device)

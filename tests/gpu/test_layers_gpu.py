@@ -19,7 +19,7 @@ import random
 import pytest
 import torch
 
-from tests.kernels.test_layers_cases import dense_attention, make_paged_case, rotary_cache
+from tests.kernels.layer_cases import dense_attention, make_paged_case, rotary_cache
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -10,7 +10,7 @@ Expectations against the torch reference running on the same GPU:
   to ~1e-6 or a draw sits that close to an acceptance or top-p boundary; anything beyond a
   handful of flips is a bug;
 * stored draft probabilities within 1e-5 absolute;
-* chi-square / acceptance statistics of the Triton path (the checks of test_sampling_stats);
+* chi-square / acceptance statistics of the Triton path (the checks of test_ref_sampling_stats);
 * no host synchronisation: both functions are captured in a CUDA graph and replayed.
 """
 
@@ -30,16 +30,16 @@ from specserve.kernels import triton_sampling as TS  # noqa: E402
 
 try:
     from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
-    from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
-    from tests.kernels.test_sampling_stats import CASES, check_verification
+    from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+    from tests.kernels.test_ref_sampling_stats import CASES, check_verification
 except ImportError:  # rootdir-less runs
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
-    from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
-    from tests.kernels.test_sampling_stats import CASES, check_verification
+    from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+    from tests.kernels.test_ref_sampling_stats import CASES, check_verification
 
 DEV = "cuda"
 VOCAB = 151_936

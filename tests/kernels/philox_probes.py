@@ -1,5 +1,5 @@
 """Probe kernels that write the sampling kernels' random numbers out, for comparison with the
-torch Philox (kernels/philox.py). Shared by the interpreter tests (test_sampling_triton.py) and
+torch Philox (kernels/philox.py). Shared by the interpreter tests (test_triton_sampling.py) and
 the GPU tests (tests/gpu/test_sampling_gpu.py); import it only where Triton kernels may be built
 (under TRITON_INTERPRET=1 on the CPU, or on a GPU)."""
 

@@ -11,7 +11,7 @@ is an independent draw. Fixed seeds make every run identical; the thresholds are
 The same checks run against deliberately broken samplers (a wrong residual) and must fail there
 with p-value < 1e-6, which shows they have the power to catch the bugs they exist for.
 (The Triton twin draws bit-identical random numbers and is compared token-for-token with this
-reference in test_sampling_triton.py; tests/gpu repeats the statistics on the GPU kernels.)
+reference in test_triton_sampling.py; tests/gpu repeats the statistics on the GPU kernels.)
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from specserve.kernels import ref_sampling as R
 
 try:
-    from tests.kernels.test_sampling_cases import PARAM_SETS, chi2_pvalue, param_tensors, replicated_case
+    from tests.kernels.sampling_cases import PARAM_SETS, chi2_pvalue, param_tensors, replicated_case
 except ImportError:  # rootdir-less runs of this directory
-    from test_sampling_cases import PARAM_SETS, chi2_pvalue, param_tensors, replicated_case
+    from sampling_cases import PARAM_SETS, chi2_pvalue, param_tensors, replicated_case
 
 N = 8000           # requests (independent draws) per case
 K = 2              # drafts per request

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from specserve.kernels import ref_layers
 
 try:
-    from tests.kernels.test_layers_cases import MIXES, dense_attention, make_paged_case, rotary_cache
+    from tests.kernels.layer_cases import MIXES, dense_attention, make_paged_case, rotary_cache
 except ImportError:  # rootdir-less runs of this directory
-    from test_layers_cases import MIXES, dense_attention, make_paged_case, rotary_cache
+    from layer_cases import MIXES, dense_attention, make_paged_case, rotary_cache
 
 ATOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 

@@ -49,10 +49,10 @@ else:
 
     try:
         from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
-        from tests.kernels.test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+        from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     except ImportError:  # rootdir-less runs of this directory
         from philox_probes import uniform_kernel, uniform_tile_kernel
-        from test_sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+        from sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
 
     BLOCK, CHUNK = 64, 128          # 3 chunks of 2 tiles for V = 300
     MIX = [GREEDY] + list(PARAM_SETS.values())

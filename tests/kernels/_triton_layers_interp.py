@@ -1,7 +1,8 @@
-"""Triton layer kernels under the CPU interpreter vs the torch reference (run by test_layers_interp.py).
+"""Triton layer kernels under the CPU interpreter vs the torch reference (run by
+test_triton_layers.py).
 
 Not collected by a plain ``pytest`` run (the name does not start with ``test_``): the driver
-``tests/kernels/test_layers_interp.py::test_interpreter_suite`` runs this file in a subprocess with
+``tests/kernels/test_triton_layers.py::test_interpreter_suite`` runs this file in a subprocess with
 TRITON_INTERPRET=1, which must be set before Triton kernel modules are imported and must not leak
 into the rest of the suite. bf16 is not tested here (the interpreter's bf16 arithmetic is
 unreliable); tests/gpu/test_layers_gpu.py covers it.
@@ -22,9 +23,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
 
 try:
-    from tests.kernels.test_layers_cases import MIXES, make_paged_case, rotary_cache
+    from tests.kernels.layer_cases import MIXES, make_paged_case, rotary_cache
 except ImportError:  # rootdir-less runs of this directory
-    from test_layers_cases import MIXES, make_paged_case, rotary_cache
+    from layer_cases import MIXES, make_paged_case, rotary_cache
 
 ATTN_ATOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 

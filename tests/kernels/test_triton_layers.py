@@ -1,5 +1,7 @@
-"""Runs the Triton layer kernels' interpreter tests (tests/kernels/_interp_layers.py) in a subprocess.
+"""The Triton layer kernels (kernels/triton_layers.py, with the paged attention of
+kernels/triton_attention.py it forwards to) vs the torch reference, under the CPU interpreter.
 
+The cases live in tests/kernels/_triton_layers_interp.py and run here in a subprocess:
 TRITON_INTERPRET=1 has to be set before Triton kernel modules are imported, and other test
 packages import ``kernels`` too, so the interpreter tests get a process of their own.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-INTERP_TESTS = Path(__file__).with_name("_interp_layers.py")
+INTERP_TESTS = Path(__file__).with_name("_triton_layers_interp.py")
 
 
 def test_interpreter_suite() -> None:
