@@ -1,7 +1,7 @@
 """Benchmark the Triton rejection sampler (and draft sampler) against the memory roofline.
 
     python -m specserve.bench.rejection_sampler --out results/rejection_sampler        # GPU
-    python -m specserve.bench.rejection_sampler --device cpu --out /tmp/rs_smoke       # CPU smoke test
+    python -m specserve.bench.rejection_sampler --device cpu --out rs-smoke          # CPU smoke test
 
 For every batch size B and draft count k (V = 151,936 bf16 logits by default) it reports the
 median time of ``kernels.triton_sampling.rejection_sample`` twice: the call as Python makes it
@@ -10,7 +10,7 @@ GPU, the device time alone (the call replayed as a CUDA graph, triton.testing.do
 in the engine the launches overlap the target's forward, so this is what a step pays). Bandwidth
 is computed from the device time where there is one. It also reports the bytes
 the kernels move, the achieved bandwidth against a measured device copy bandwidth, and vLLM Model
-Runner V2's byte estimate (docs: /work/shared/ANCHORS.md) converted to time at that same
+Runner V2's byte estimate converted to time at that same
 bandwidth. Writes ``<out>.json`` and ``<out>.md``.
 
 Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):

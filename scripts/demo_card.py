@@ -79,7 +79,7 @@ def _training_section(m: dict) -> list[str]:
     lines.append(f"The same schedule again: add `--target-steps {m.get('target_training', {}).get('steps')} "
                  f"--draft-steps {m.get('draft_training', {}).get('steps')}` to the command (same corpus "
                  "order, batches and learning rates; GPU kernels are not bit-deterministic). The run wrote "
-                 "`target/`, `draft/`, metrics.json, this card and train_log.txt, copied into `engine/demo/`.")
+                 "`target/`, `draft/`, metrics.json and this card, copied into `engine/demo/` (train_log.txt stays with the run).")
     return lines
 
 
