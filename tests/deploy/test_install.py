@@ -102,4 +102,3 @@ def test_pip_install_gives_one_specserve_namespace(tmp_path: Path) -> None:
     installed = {".".join(init.parent.relative_to(site).parts) for init in (site / "specserve").rglob("__init__.py")}
     missing = _source_packages(src) - installed
     assert not missing, f"packages in the tree but not in the wheel (add them to pyproject.toml): {missing}"
-
