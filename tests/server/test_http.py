@@ -167,9 +167,10 @@ BAD_INPUTS = [
      "top_logprobs", None),
     ("logit-bias-bad-key", CMPL, {**GOOD, "logit_bias": {"abc": 1}}, None, 400, "logit_bias", None),
     ("logit-bias-outside-vocab", CMPL, {**GOOD, "logit_bias": {"99999": 1}}, None, 400, "logit_bias", None),
-    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, None,
-     400, "tools", None),
-    ("json-response-format", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, None,
+    # tool_choice "auto" (the default with tools) needs --enable-auto-tool-choice
+    ("tools-auto-not-enabled", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     None, 400, "tool_choice", None),
+    ("unknown-response-format", CHAT, {"messages": MSG, "response_format": {"type": "xml"}}, None,
      400, "response_format", None),
     ("no-key", CMPL, GOOD, {}, 401, None, "invalid_api_key"),
     ("wrong-key", CMPL, GOOD, {"Authorization": "Bearer sk-wrong"}, 401, None, "invalid_api_key"),
