@@ -15,6 +15,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 RejectionMethod = Literal["probabilistic", "strict"]
 DraftSampleMethod = Literal["sample", "greedy"]
+SpeculativeK = Literal["adaptive", "fixed"]
 
 DEMO_MODEL = "demo"  # the name of the embedded demo pair
 
@@ -45,6 +46,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 0
     rejection_sample_method: RejectionMethod = "probabilistic"
     draft_sample_method: DraftSampleMethod = "sample"
+    # adaptive: every step the engine picks k in 0..num_speculative_tokens (engine/spec_control.py);
+    # fixed: always num_speculative_tokens (less near max_tokens)
+    speculative_k: SpeculativeK = "adaptive"
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 0 or self.num_speculative_tokens > 16:
@@ -53,6 +57,8 @@ class SpeculativeConfig:
             raise ConfigError("--rejection-sample-method must be 'probabilistic' or 'strict'")
         if self.draft_sample_method not in ("sample", "greedy"):
             raise ConfigError("--draft-sample-method must be 'sample' or 'greedy'")
+        if self.speculative_k not in ("adaptive", "fixed"):
+            raise ConfigError("--speculative-k must be 'adaptive' or 'fixed'")
 
     @property
     def enabled(self) -> bool:
@@ -70,7 +76,8 @@ class SpeculativeConfig:
         method = raw.pop("method", "draft_model")
         if method != "draft_model":
             raise ConfigError(f"--speculative-config method {method!r} is not supported; use 'draft_model'")
-        known = {"model", "num_speculative_tokens", "rejection_sample_method", "draft_sample_method"}
+        known = {"model", "num_speculative_tokens", "rejection_sample_method", "draft_sample_method",
+                 "speculative_k"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"--speculative-config has unknown keys {unknown}; known: {sorted(known)}")

@@ -19,6 +19,7 @@ from specserve.engine.kv_cache import KVCacheManager
 from specserve.engine.request import Request
 from specserve.engine.scheduler import Scheduler, SchedulerLimits
 from specserve.engine.setup import EngineInfo, LoadedModels, load_models
+from specserve.engine.spec_control import SpecControl
 from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
                           SamplingParams, SpecDecodeStats, StepStats)
 
@@ -52,6 +53,7 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
+        self.spec_control = _spec_control(config, info, self.runner)
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -156,6 +158,8 @@ class EngineCore:
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         t0 = time.monotonic()
         so = self.scheduler.schedule()
+        if self.spec_control is not None:
+            self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
         stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
         stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
@@ -175,6 +179,8 @@ class EngineCore:
             if all(c.is_finished for c in parent.children):
                 self._retire(parent)
         self._fill_stats(stats, so.num_scheduled_tokens, time.monotonic() - t0)
+        if self.spec_control is not None:
+            self.spec_control.after_step(so.scheduled, stats)
         return outputs, stats
 
     def _apply(self, s: ScheduledRequest, res: Optional[RequestResult], stats: StepStats,
@@ -193,6 +199,8 @@ class EngineCore:
             req.num_computed_tokens -= s.num_drafts - accepted   # roll back rejected drafts' KV
             req.spec_stats.record(s.num_drafts, accepted)
             stats.spec_decode.record(s.num_drafts, accepted)
+            if self.spec_control is not None:
+                self.spec_control.record(req, s.num_drafts, accepted)
             req.clear_drafts()
             self._append_tokens(req, res, stats, now)
             if not req.is_finished and res.new_drafts:
@@ -256,6 +264,8 @@ class EngineCore:
         for req in parent.children:
             self._detok.pop(req.request_id, None)
             self._logprobs.pop(req.request_id, None)
+            if self.spec_control is not None:
+                self.spec_control.forget(req.request_id)
 
     def _fill_stats(self, stats: StepStats, num_scheduled: int, seconds: float) -> None:
         stats.num_running = len(self.scheduler.running)
@@ -281,7 +291,23 @@ class EngineCore:
             "num_unfinished_requests": len(self._parents),
             "num_scheduler_requests": len(self.scheduler.requests),
             "draft_prob_bytes": self._draft_prob_bytes,
+            "speculation": None if self.spec_control is None else self.spec_control.snapshot,
         }
+
+
+def _spec_control(config: EngineConfig, info: EngineInfo, runner) -> Optional[SpecControl]:
+    """The k controller (None without a draft); adaptive mode calibrates the device first."""
+    spec = config.speculative
+    if info.num_speculative_tokens <= 0:
+        return None
+    calibration = None
+    if spec.speculative_k == "adaptive":
+        from specserve.engine.runner.calibration import calibrate
+
+        calibration = calibrate(runner, config.max_num_seqs)
+    k_dependent = spec.rejection_sample_method == "probabilistic" or spec.draft_sample_method == "greedy"
+    return SpecControl(info.num_speculative_tokens, spec.speculative_k, info.max_model_len,
+                       k_dependent, calibration)
 
 
 def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:

@@ -16,7 +16,8 @@ def make_config(model: str, draft_model: Optional[str] = None,
                 num_speculative_tokens: Optional[int] = None,
                 speculative_config: Optional[Union[str, dict]] = None,
                 rejection_sample_method: str = "probabilistic",
-                draft_sample_method: str = "sample", **engine_kwargs) -> EngineConfig:
+                draft_sample_method: str = "sample", speculative_k: str = "adaptive",
+                **engine_kwargs) -> EngineConfig:
     """Build an EngineConfig from the same options the CLI takes (vLLM's spellings accepted)."""
     if speculative_config is not None:
         import json
@@ -25,7 +26,8 @@ def make_config(model: str, draft_model: Optional[str] = None,
         spec = SpeculativeConfig.from_json(text)
     elif draft_model is not None:
         k = 4 if num_speculative_tokens is None else num_speculative_tokens
-        spec = SpeculativeConfig(draft_model, k, rejection_sample_method, draft_sample_method)
+        spec = SpeculativeConfig(draft_model, k, rejection_sample_method, draft_sample_method,
+                                 speculative_k)
     else:
         spec = SpeculativeConfig()
     return EngineConfig(model=model, speculative=spec, **engine_kwargs)

@@ -62,9 +62,14 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     g.add_argument("--draft-model", default=None, help="draft checkpoint directory, or 'demo'")
     g.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help=f"draft tokens per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS} with a draft)")
+                   help=f"k_max: the most draft tokens per step (default {DEFAULT_NUM_SPECULATIVE_TOKENS} "
+                        "with a draft)")
+    g.add_argument("--speculative-k", choices=["adaptive", "fixed"], default=None,
+                   help="adaptive (default): choose k in 0..k_max every step from measured step costs "
+                        "and live acceptance (0 = plain decoding); fixed: always k_max")
     g.add_argument("--speculative-config", default=None,
-                   help='vLLM form: {"method":"draft_model","model":DIR,"num_speculative_tokens":K}')
+                   help='vLLM form: {"method":"draft_model","model":DIR,"num_speculative_tokens":K,'
+                        '"speculative_k":"adaptive"}')
     g.add_argument("--rejection-sample-method", choices=["probabilistic", "strict"], default=None,
                    help="probabilistic (default): accept a draft with min(1, p/q) using the draft's "
                         "probabilities; strict: accept only when it equals the target's own sample "
@@ -145,7 +150,8 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
 
 def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
     methods = {k: v for k, v in (("rejection_sample_method", args.rejection_sample_method),
-                                  ("draft_sample_method", args.draft_sample_method)) if v is not None}
+                                  ("draft_sample_method", args.draft_sample_method),
+                                  ("speculative_k", args.speculative_k)) if v is not None}
     k = args.num_speculative_tokens
     if args.speculative_config is not None:
         if args.draft_model is not None or k is not None:
@@ -153,7 +159,8 @@ def _speculative(args: argparse.Namespace) -> SpeculativeConfig:
         base = SpeculativeConfig.from_json(args.speculative_config)
         return SpeculativeConfig(base.model, base.num_speculative_tokens,
                                  methods.get("rejection_sample_method", base.rejection_sample_method),
-                                 methods.get("draft_sample_method", base.draft_sample_method))
+                                 methods.get("draft_sample_method", base.draft_sample_method),
+                                 methods.get("speculative_k", base.speculative_k))
     draft = args.draft_model
     if draft is None and args.model == DEMO_MODEL:
         draft = DEMO_MODEL  # the demo pair brings its own draft

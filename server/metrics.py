@@ -107,6 +107,18 @@ class ServerMetrics:
         self.draft_step_time = self._histogram(
             "spec_decode_draft_time_per_step_seconds",
             "Per engine step that ran the draft: its catch-up and k proposal passes.", _STEP_PHASE_BUCKETS)
+        self.chosen_k = self._histogram(
+            "spec_decode_chosen_k",
+            "Per sampling request per step: the drafts the adaptive controller allowed (0 = plain "
+            "decoding; fixed mode: num_speculative_tokens, less near max_tokens).",
+            tuple(float(k) for k in range(self.k + 1)))
+        self.predicted_speedup = self._gauge(
+            "spec_decode_predicted_speedup",
+            "Adaptive k: the cost and acceptance models' goodput at the chosen k over plain decoding.")
+        self.measured_speedup = self._gauge(
+            "spec_decode_measured_speedup",
+            "Adaptive k: recent committed tokens/s over the cost model's plain decoding at the same "
+            "batch sizes.")
 
     def _build_serving(self) -> None:
         m = self._base
@@ -153,6 +165,12 @@ class ServerMetrics:
             self.target_step_time.observe(stats.target_seconds)
         if stats.draft_seconds > 0:
             self.draft_step_time.observe(stats.draft_seconds)
+        for k in stats.spec_chosen_k:
+            self.chosen_k.observe(k)
+        if stats.spec_predicted_speedup is not None:
+            self.predicted_speedup.set(stats.spec_predicted_speedup)
+        if stats.spec_measured_speedup is not None:
+            self.measured_speedup.set(stats.spec_measured_speedup)
 
     def refresh(self, state: Mapping[str, Any]) -> None:
         """Set the gauges from ``engine.debug_state()`` (called on every scrape)."""

@@ -85,6 +85,9 @@ def make_llm(tiny_checkpoint: Callable[[str], Path]):
         path = resolve(model)
         if kwargs.get("draft_model") is not None:
             kwargs["draft_model"] = resolve(kwargs["draft_model"])
+            # tests of the speculation machinery want drafts every step; adaptive k has its own
+            # tests (tests/engine/test_adaptive_k.py) and switches itself on where it is tested
+            kwargs.setdefault("speculative_k", "fixed")
         kwargs.setdefault("device", "cpu")
         kwargs.setdefault("dtype", "float32")
         llm = LLM(model=path, **kwargs)

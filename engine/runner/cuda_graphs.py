@@ -41,6 +41,15 @@ def buckets_up_to(max_batch: int) -> list[int]:
     return [b for b in BUCKETS if b <= max_batch] or [1]
 
 
+def verify_widths(k_max: int) -> list[int]:
+    """Query lengths the verification graphs are captured at for drafts up to ``k_max``: 2, 3,
+    5, 9, 17 (k = 1, 2, 4, 8, 16) and k_max + 1. A step verifying k drafts replays the next
+    width up, so a k that changes every step never captures anything; the cost model knows the
+    padding (engine/spec_control.py)."""
+    widths = {q for q in (2, 3, 5, 9, 17) if q <= k_max + 1}
+    return sorted(widths | {k_max + 1})
+
+
 # pieces() -> (callables, state): fresh closures each call; the state is what they hand on
 PieceFactory = Callable[[], tuple[list[Callable[[], None]], list]]
 

@@ -39,8 +39,8 @@ from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
 
-# rows of the int64 input buffer [7, max_batch]
-_ID0, _ID1, _START, _NUM_DRAFTS, _TOP_K, _SEED, _POSITION = range(7)
+# rows of the int64 input buffer [8, max_batch]; _CAP: the drafts the controller allows the row
+_ID0, _ID1, _START, _NUM_DRAFTS, _TOP_K, _SEED, _POSITION, _CAP = range(8)
 # rows of the fp32 input buffer [3, max_batch]
 _TEMPERATURE, _TOP_P, _MIN_P = range(3)
 
@@ -78,7 +78,7 @@ class DraftLoop:
         self.store_probs, self.greedy, self.device = store_probs, greedy, device
         self.buckets = buckets_up_to(max_batch)
         bmax = self.buckets[-1]
-        self.ints = torch.zeros((7, bmax), dtype=torch.int64, device=device)
+        self.ints = torch.zeros((8, bmax), dtype=torch.int64, device=device)
         self.floats = torch.ones((3, bmax), dtype=torch.float32, device=device)
         self.block_tables = torch.zeros((bmax, max_blocks), dtype=torch.int32, device=device)
         self.tokens = torch.zeros((bmax, num_spec), dtype=torch.int64, device=device)   # [B, k]
@@ -181,34 +181,38 @@ class DraftLoop:
         n = len(rows)
         lead = [[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
                 [r.start for r in rows], [r.num_drafts for r in rows]]
-        b = self._load([r.request for r in rows], [r.position for r in rows], lead)
+        b = self._load([r.request for r in rows], [r.position for r in rows], lead,
+                       [r.num_drafts for r in rows])
         self._launch(b, max(r.num_drafts for r in rows))
         table = self.tokens[:n].tolist()   # the draft's one host read of the step
         return self.collect(table, [r.num_drafts for r in rows])
 
     @torch.inference_mode()
     def launch_chained(self, requests: list[Request], verified: torch.Tensor,
-                       max_model_len: int) -> None:
+                       max_model_len: int, caps: list[int]) -> None:
         """Start the program from a verification whose output ``verified`` [B, w] (accepted
         drafts, then one recovered or bonus token, -1 padding; row i is ``requests[i]``) is still
         on the device. Each request must be in step with the draft: whatever it accepts, its
         catch-up is the last two committed tokens. The caller reads ``tokens[:B]`` together with
-        ``verified``, then calls :meth:`collect` with ``spec_budget`` drafts per row."""
+        ``verified``, then calls :meth:`collect` with ``spec_budget`` drafts per row. ``caps``:
+        the most drafts each row may take this step (the adaptive controller's k; 0 = none)."""
         n = len(requests)
         # host values before this step's tokens; the device adds what verification accepted
         lead = [[r.token_ids[-1] for r in requests], [0] * n, [r.num_tokens for r in requests],
                 [r.draft_room(max_model_len) for r in requests]]
-        b = self._load(requests, [r.num_output_tokens for r in requests], lead)
+        b = self._load(requests, [r.num_output_tokens for r in requests], lead, caps)
         ints = self.ints
         new = (verified >= 0).sum(1)                                        # [B] tokens committed
         ext = torch.cat([ints[_ID0, :n].unsqueeze(1), verified], 1)         # [B, 1 + w]
         ints[_ID0:_ID1 + 1, :n] = torch.cat([ext.gather(1, (new - 1).unsqueeze(1)),
                                              ext.gather(1, new.unsqueeze(1))], 1).t()
         ints[_START, :n] += new - 2
-        ints[_NUM_DRAFTS, :n] = torch.clamp(ints[_NUM_DRAFTS, :n] - new, 0, self.k)
+        ints[_NUM_DRAFTS, :n] = torch.clamp(torch.minimum(ints[_NUM_DRAFTS, :n] - new, ints[_CAP, :n]),
+                                            0, self.k)
         ints[_POSITION, :n] += new
         # at least one token is committed, so no row takes more than room - 1 drafts
-        self._launch(b, max(min(self.k, r.draft_room(max_model_len) - 1) for r in requests))
+        self._launch(b, max(min(self.k, cap, r.draft_room(max_model_len) - 1)
+                            for r, cap in zip(requests, caps)))
 
     def collect(self, table: list[list[int]], num_drafts: list[int]
                 ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
@@ -220,19 +224,21 @@ class DraftLoop:
             return drafts, [None] * len(drafts)
         return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(num_drafts)]
 
-    def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]]) -> int:
-        """Copy the host inputs (the four leading int rows, sampling fields, block tables) into
-        the static buffers; returns the batch bucket."""
+    def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],
+              caps: list[int]) -> int:
+        """Copy the host inputs (the four leading int rows, sampling fields, draft caps, block
+        tables) into the static buffers; returns the batch bucket."""
         n = len(requests)
         b = next(x for x in self.buckets if x >= n)
         dev = self.device
-        ints = host_buffer((7, b), torch.int64, dev)
+        ints = host_buffer((8, b), torch.int64, dev)
         floats = host_buffer((3, b), torch.float32, dev)
         tables = host_buffer((b, self.block_tables.shape[1]), torch.int32, dev)
         fl, it = host_fields(requests, positions, self.greedy)
         floats[:, :n] = torch.tensor(fl, dtype=torch.float32)
         floats[:, n:] = 1.0
-        ints[_TOP_K:, :n] = torch.tensor(it, dtype=torch.int64)
+        ints[_TOP_K:_CAP, :n] = torch.tensor(it, dtype=torch.int64)
+        ints[_CAP, :n] = torch.tensor(caps, dtype=torch.int64)
         ints[:_TOP_K, :n] = torch.tensor(lead, dtype=torch.int64)
         for r, req in enumerate(requests):
             tables[r, :len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)

@@ -58,7 +58,7 @@ def propose(scheduled: list[ScheduledRequest], results: dict[str, RequestResult]
         accepted = res.sampled
         valid = _draft_kv_valid(req, len(accepted))
         committed = req.token_ids + accepted
-        k = req.spec_budget(num_spec, max_model_len, num_new=len(accepted))
+        k = req.spec_budget(min(num_spec, s.num_spec_next), max_model_len, num_new=len(accepted))
         if k == 0:
             res.num_draft_computed = valid
             continue
@@ -120,22 +120,26 @@ def chain(scheduled: list[ScheduledRequest], verified: torch.Tensor, forward: Dr
     """Launch this step's draft work behind the verification (``verified`` [B, w] on the
     device, rows in the order of the sampling requests); returns the results of the requests
     still prefilling. Committed tokens beyond the catch-up (known before verification) are fed
-    first, in a KV-only forward with the prefill chunks."""
+    first, in a KV-only forward with the prefill chunks. A request allowed no drafts this step
+    (``num_spec_next`` 0) rides along without writing KV: its draft KV falls behind and catches
+    up in the step it drafts again."""
     results: dict[str, RequestResult] = {}
     kv_only: list[ForwardItem] = []
     sampling: list[Request] = []
+    caps: list[int] = []
     for s in scheduled:
         req = s.request
         if not s.samples:
             _keep_level(s, results.setdefault(req.request_id, RequestResult()), kv_only)
             continue
-        if req.num_draft_computed < req.num_tokens - 1:
+        sampling.append(req)
+        caps.append(min(loop.k, s.num_spec_next))
+        if caps[-1] and req.num_draft_computed < req.num_tokens - 1:
             kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:req.num_tokens - 1],
                                        req.num_draft_computed, req.block_ids, 0))
-        sampling.append(req)
     if kv_only:
         forward(kv_only)
-    loop.launch_chained(sampling, verified, max_model_len)
+    loop.launch_chained(sampling, verified, max_model_len, caps)
     return results
 
 
@@ -145,8 +149,8 @@ def finish_chained(sampling: list[ScheduledRequest], results: dict[str, RequestR
     """Fill in the drafts of a chained step once ``table`` (the program's [B, k] tokens) and the
     sampled tokens in ``results`` have been read; the program proposed ``spec_budget`` drafts
     per request, computed on the device from the same numbers."""
-    ks = [s.request.spec_budget(num_spec, max_model_len, len(results[s.request.request_id].sampled))
-          for s in sampling]
+    ks = [s.request.spec_budget(min(num_spec, s.num_spec_next), max_model_len,
+                                len(results[s.request.request_id].sampled)) for s in sampling]
     drafts, probs = loop.collect(table, ks)
     for s, k, d, q in zip(sampling, ks, drafts, probs):
         req = s.request

@@ -16,7 +16,7 @@ import torch
 from specserve.engine.batch import ModelRunnerOutput, SchedulerOutput
 from specserve.engine.models.llama import KVCache, LlamaFamilyModel
 from specserve.engine.models.spec import ModelSpec
-from specserve.engine.runner.cuda_graphs import GraphedForward
+from specserve.engine.runner.cuda_graphs import GraphedForward, verify_widths
 from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
 from specserve.engine.runner.drafter import can_chain, chain, finish_chained, propose
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
@@ -72,13 +72,16 @@ class ModelRunner:
 
     def _capture_graphs(self, max_num_seqs: int, max_blocks: int) -> None:
         plan = [("target", self.target, self.target_kv, 1)]
-        if self.num_spec:
-            plan += [("target", self.target, self.target_kv, self.num_spec + 1),
-                     ("draft", self.draft, self.draft_kv, 1)]   # passes with logits processors
+        if self.num_spec:   # verification widths (adaptive k pads to the next one), draft passes
+            plan += [("target", self.target, self.target_kv, q) for q in verify_widths(self.num_spec)]
+            plan += [("draft", self.draft, self.draft_kv, 1)]   # passes with logits processors
+        pool = None   # one memory pool for every forward graph: they never run at once
         for name, model, kv, q in plan:
             g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
                                self.block_size, self.device)
+            g.pool = pool
             g.capture()
+            pool = g.pool
             self.graphs[(name, q)] = g
         if self.draft_loop is not None:
             self.draft_loop.capture()
@@ -99,7 +102,7 @@ class ModelRunner:
         if sampling:
             v = start_verification(sampling, logits, self.rejection_method,
                                    self.store_draft_probs and self.num_spec > 0, self.device)
-            if can_chain(sampling, self.draft_loop):
+            if any(s.num_spec_next for s in sampling) and can_chain(sampling, self.draft_loop):
                 return self._chained_drafts(so, v, clock, t0)
             results = v.finish(v.out.tolist())   # the target's read; the drafts are read later
         t1 = clock.mark()

@@ -120,12 +120,12 @@ def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm,
             assert all(q[j, t] > 0 for j, t in enumerate(d)), "a draft outside its own distribution"
         return drafts, probs
 
-    def checked_launch(requests, verified, max_model_len):
+    def checked_launch(requests, verified, max_model_len, caps):
         before = [k.clone() for k, _ in runner.draft_kv]
-        launch_chained(requests, verified, max_model_len)
+        launch_chained(requests, verified, max_model_len, caps)
         new = (verified >= 0).sum(1).tolist()
-        check_kv(before, [(r, r.num_tokens + n - 2, max(0, min(loop.k, r.draft_room(max_model_len) - n)))
-                          for r, n in zip(requests, new)])
+        check_kv(before, [(r, r.num_tokens + n - 2, max(0, min(loop.k, cap, r.draft_room(max_model_len) - n)))
+                          for r, n, cap in zip(requests, new, caps)])
 
     loop.run, loop.launch_chained = checked_run, checked_launch
     llm.generate(prompts, params)

@@ -19,6 +19,7 @@ from specserve.engine import LLM, SamplingParams
 from specserve.engine.core import EngineCore
 from specserve.kernels import ref_sampling
 from tests.engine.spec_oracle import Oracle, sequential_chi_square
+from tests.helpers.adaptive_k import force_random_k
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
 PROMPT = (7, 12, 5, 9, 20, 3)
@@ -40,10 +41,19 @@ def oracles(pair):
     return Oracle(pair[0]), Oracle(pair[1])
 
 
-def _llm(pair, **kw) -> LLM:
+# fixed: k = K every step; random-k: the adaptive controller's decision replaced by a random k in
+# [low, K] per request per step (test hook), which covers every choice it can make, k = 0 included
+K_MODES = ["fixed", "random-k"]
+
+
+def _llm(pair, k_mode: str = "fixed", low: int = 0, **kw) -> LLM:
     kw.setdefault("num_speculative_tokens", K)
-    return LLM(pair[0], draft_model=pair[1], device="cpu", max_num_seqs=256,
-               max_num_batched_tokens=4096, **kw)
+    llm = LLM(pair[0], draft_model=pair[1], device="cpu", max_num_seqs=256,
+              max_num_batched_tokens=4096,
+              speculative_k="fixed" if k_mode == "fixed" else "adaptive", **kw)
+    if k_mode == "random-k":
+        force_random_k(llm.core, seed=11, low=low)
+    return llm
 
 
 def _sample_first_tokens(llm: LLM, num_requests: int, n: int, length: int, **params):
@@ -66,9 +76,10 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("k_mode", K_MODES)
 @pytest.mark.parametrize("params", CASES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
-def test_first_three_tokens_follow_the_target_distribution(pair, oracles, params):
-    llm = _llm(pair)
+def test_first_three_tokens_follow_the_target_distribution(pair, oracles, params, k_mode):
+    llm = _llm(pair, k_mode)
     samples, drafts, accepted = _sample_first_tokens(llm, 96, 64, 3, **params)
     assert drafts > 0 and 0 < accepted < drafts, "the test must exercise both acceptance and rejection"
     target = oracles[0]
@@ -130,9 +141,10 @@ def _alpha(p: torch.Tensor, q: torch.Tensor) -> float:
     return float(torch.minimum(p, q).sum())
 
 
+@pytest.mark.parametrize("k_mode", K_MODES)
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_acceptance_per_position_matches_sum_min_p_q(pair, oracles, temperature):
-    llm = _llm(pair)
+def test_acceptance_per_position_matches_sum_min_p_q(pair, oracles, temperature, k_mode):
+    llm = _llm(pair, k_mode, low=1)   # k = 0 steps verify nothing: no events to count
     events = _verification_events(llm.core, 24, 16, 10, temperature)
     target, draft = oracles
     pos0_m, pos0_t, pos1_m, pos1_t = [], [], [], []
@@ -156,10 +168,11 @@ def test_acceptance_per_position_matches_sum_min_p_q(pair, oracles, temperature)
     assert onehot / len(events) < sum(pos0_m) / len(pos0_m) - 0.2
 
 
+@pytest.mark.parametrize("k_mode", K_MODES)
 @pytest.mark.parametrize("mode", ["strict", "greedy-drafts"])
-def test_acceptance_of_strict_and_greedy_draft_modes_matches_their_theory(pair, oracles, mode):
+def test_acceptance_of_strict_and_greedy_draft_modes_matches_their_theory(pair, oracles, mode, k_mode):
     kw = dict(rejection_sample_method="strict") if mode == "strict" else dict(draft_sample_method="greedy")
-    llm = _llm(pair, **kw)
+    llm = _llm(pair, k_mode, low=1, **kw)
     events = _verification_events(llm.core, 24, 16, 10, 1.0)
     target, draft = oracles
     measured, theory = [], []

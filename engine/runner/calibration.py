@@ -1,0 +1,112 @@
+"""Start-up calibration of the adaptive-k cost model: what the device takes for a step's parts.
+
+Measured on the runner's own paths (CUDA graphs where the runner replays them, eager otherwise):
+
+* target: one forward of B requests x w tokens each, plus the rejection sampler over it with
+  w - 1 drafts per request, for every verification width the runner has a graph for (or
+  1 and k_max + 1 when eager, interpolated between) and every batch bucket (or a few sizes);
+* draft: the proposal program (draft_loop.py) with k_max drafts per request, per pass.
+
+It runs before any request, on the empty KV cache (every row writes the same few blocks, which
+no request owns yet). A few hundred milliseconds on an H100, about a second on CPU with the
+demo pair; the table is logged and shown in /debug/state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from specserve.engine.request import Request
+from specserve.engine.runner.cuda_graphs import buckets_up_to
+from specserve.engine.runner.draft_loop import LoopRow
+from specserve.engine.runner.inputs import ForwardItem
+from specserve.engine.runner.sampling_inputs import SamplingTensors
+from specserve.engine.spec_control import Calibration
+from specserve.engine.types import SamplingParams
+from specserve.kernels import ops
+
+log = logging.getLogger("specserve.runner")
+
+_CONTEXT = 32     # tokens before the measured positions (short: the cost model is per step)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of ``fn``."""
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _requests(n: int, blocks: list[int], k: int) -> list[Request]:
+    reqs = []
+    for i in range(n):
+        req = Request(f"calibration-{i}", [5 + i % 7] * (_CONTEXT + 2), SamplingParams(temperature=1.0),
+                      seed=i, eos_token_ids=(), max_tokens=k + 2, arrival=0.0)
+        req.block_ids = blocks
+        reqs.append(req)
+    return reqs
+
+
+def _target_step(runner, reqs: list[Request], width: int) -> Callable[[], object]:
+    """One target forward of ``width`` tokens per request and the rejection sampler over it."""
+    dev, vocab = runner.device, runner.vocab_size
+    items = [ForwardItem([(7 + 13 * i + j) % vocab for j in range(width)], _CONTEXT, r.block_ids, width)
+             for i, r in enumerate(reqs)]
+    k = width - 1
+    n = len(reqs)
+    cu = torch.arange(0, (n + 1) * k, max(k, 1), dtype=torch.int32, device=dev)[:n + 1] if k else \
+        torch.zeros(n + 1, dtype=torch.int32, device=dev)
+    draft_ids = torch.full((n * k,), 3, dtype=torch.int64, device=dev)
+    probs = (torch.full((n * k, vocab), 1.0 / vocab, dtype=torch.float32, device=dev)
+             if k and runner.store_draft_probs else None)
+    st = SamplingTensors.build(reqs, [1] * n, dev)
+
+    def run():
+        logits = runner._forward("target", items)
+        return ops.rejection_sample(logits, cu, draft_ids, probs, st.temperature, st.top_k, st.top_p,
+                                    st.min_p, st.seeds, st.positions, runner.rejection_method, k)
+
+    return run
+
+
+@torch.inference_mode()
+def calibrate(runner, max_num_seqs: int) -> Calibration:
+    """The cost table of ``runner`` (which must have a draft model)."""
+    t0 = time.monotonic()
+    k_max, dev = runner.num_spec, runner.device
+    graphed = bool(runner.graphs)
+    if graphed:
+        batches = buckets_up_to(min(max_num_seqs, runner.draft_loop.buckets[-1]))
+        widths = sorted(q for (w, q) in runner.graphs if w == "target")
+        warmup, repeats = 2, 5
+    else:
+        batches = sorted({1, min(16, max_num_seqs, runner.draft_loop.buckets[-1])})
+        widths = sorted({1, k_max + 1})
+        warmup, repeats = 1, 3    # rough: real steps refine it (spec_control.CostModel)
+    per = -(-(_CONTEXT + k_max + 2) // runner.block_size)
+    blocks = list(range(per))
+    target, draft = [], []
+    for b in batches:
+        reqs = _requests(b, blocks, k_max)
+        target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
+        rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
+        draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
+    cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0)
+    log.info("adaptive k: calibrated in %.2fs; target step (ms) by batch %s x width %s: %s; "
+             "draft pass (ms): %s", cal.seconds, batches, widths,
+             [[round(t * 1e3, 3) for t in row] for row in target], [round(t * 1e3, 3) for t in draft])
+    return cal

@@ -1,0 +1,367 @@
+"""Adaptive speculation: choose k (0..k_max) every step to maximise committed tokens per second.
+
+Plain Python, no torch. Three parts, each fed by numbers the engine already has:
+
+* :class:`AcceptanceModel`: the conditional acceptance rate a_j of draft position j (accepted
+  given positions 1..j-1 were), per temperature bucket across requests and per request, as
+  exponential moving averages that start from a prior. A verification of n drafts with m
+  accepted tries positions 1..min(m + 1, n): the first m succeed, position m + 1 (if drafted)
+  fails, later ones were not tried and leave their estimate alone.
+* :class:`CostModel`: seconds of one decode step at batch B when every request proposes k drafts:
+  ``k * c_draft(B) + t_target(B, k + 1) + overhead(B)``. ``c_draft`` and ``t_target`` (sampler
+  included) come from a start-up calibration on the device (engine/runner/calibration.py);
+  the overhead (host work: scheduling, inputs, bookkeeping) is learnt online as what real steps
+  cost beyond the device parts, and every (batch bucket, k) the engine actually runs keeps an
+  EMA of its measured step time that replaces the calibrated prediction once it has samples.
+* :class:`KController`: every step, for the requests that sample, evaluates for k = 0..k_max
+
+      E_r(k) = 1 + sum_{i<=k} prod_{j<=i} a_{r,j},   goodput(k) = sum_r E_r(k) / step(B, k)
+
+  and picks the best (k = 0: plain decoding through the same path). One k for the whole batch:
+  the draft program runs its passes for the batch's largest k and the verification graph is
+  padded to the batch's widest row, so a smaller k for one request saves no time and only loses
+  its expected tokens (docs/speculation.md). Rows may still take fewer drafts near max_tokens.
+
+Seeded requests at temperature > 0 (under probabilistic verification or greedy drafts) are
+pinned to k = 0 in adaptive mode: with min(1, p/q) acceptance the token at a position depends on
+whether a draft was verified there, and no shared-randomness scheme can make it independent of
+that while keeping sum min(p, q) acceptance; pinned, their output is the plain decoding output
+for their seed whatever the load. Greedy requests and strict verification are independent of k
+and adapt freely.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+# (name, upper bound of temperature) in order; greedy is temperature 0
+TEMPERATURE_BUCKETS = (("greedy", 0.0), ("t<0.5", 0.5), ("t<1.2", 1.2), ("t>=1.2", math.inf))
+
+
+def temperature_bucket(temperature: float) -> int:
+    if temperature <= 0.0:
+        return 0
+    for i, (_, bound) in enumerate(TEMPERATURE_BUCKETS[1:], start=1):
+        if temperature < bound:
+            return i
+    return len(TEMPERATURE_BUCKETS) - 1
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: tokens one verification of k drafts commits."""
+    e, run = 1.0, 1.0
+    for a in rates[:k]:
+        run *= a
+        e += run
+    return e
+
+
+# ---- acceptance ----------------------------------------------------------------------------
+class _Rates:
+    """Per-position estimates with sample counts; untried positions borrow the previous one."""
+
+    def __init__(self, k_max: int, start: list[float]):
+        self.value = list(start)
+        self.count = [0] * k_max
+
+    def update(self, num_drafts: int, accepted: int, weight: float, rate_floor: float) -> None:
+        for j in range(min(accepted + 1, num_drafts)):
+            x = 1.0 if j < accepted else 0.0
+            self.count[j] += 1
+            step = max(1.0 / (self.count[j] + weight), rate_floor)
+            self.value[j] += step * (x - self.value[j])
+
+    def rates(self) -> list[float]:
+        out, prev = [], None
+        for v, n in zip(self.value, self.count):
+            out.append(v if n or prev is None else prev)
+            prev = out[-1]
+        return out
+
+
+class AcceptanceModel:
+    """Conditional acceptance per position, per temperature bucket and per request."""
+
+    def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
+                 shared_rate: float = 0.02, request_rate: float = 0.2):
+        self.k_max = k_max
+        self.prior, self.prior_weight = prior, prior_weight
+        self.shared_rate, self.request_rate = shared_rate, request_rate
+        self.shared = [_Rates(k_max, [prior] * k_max) for _ in TEMPERATURE_BUCKETS]
+        self.per_request: dict[str, _Rates] = {}
+
+    def record(self, request_id: str, bucket: int, num_drafts: int, accepted: int) -> None:
+        if num_drafts <= 0:
+            return
+        self.shared[bucket].update(num_drafts, accepted, self.prior_weight, self.shared_rate)
+        own = self.per_request.get(request_id)
+        if own is None:   # a request starts from its bucket's estimate (its prior) ...
+            own = self.per_request[request_id] = _Rates(self.k_max, self.shared[bucket].rates())
+        # ... weighted as a few verifications' worth, then moves at request_rate
+        own.update(num_drafts, accepted, 2.0, self.request_rate)
+
+    def rates(self, request_id: str, bucket: int) -> list[float]:
+        own = self.per_request.get(request_id)
+        return (own or self.shared[bucket]).rates()
+
+    def forget(self, request_id: str) -> None:
+        self.per_request.pop(request_id, None)
+
+    def snapshot(self) -> dict:
+        return {name: {"rates": [round(r, 4) for r in s.rates()], "samples": list(s.count)}
+                for (name, _), s in zip(TEMPERATURE_BUCKETS, self.shared)}
+
+
+# ---- cost ------------------------------------------------------------------------------------
+@dataclass
+class Calibration:
+    """Device costs measured at start-up (seconds). ``target[i][w]``: one target forward + the
+    rejection sampler at ``batches[i]`` rows of ``widths[w]`` tokens each; ``draft[i]``: one draft
+    pass (forward + sampling) per proposal pass at ``batches[i]``. ``padded``: the device runs a
+    batch at the next listed batch size and a verification at the next listed width (CUDA
+    graphs); otherwise costs are interpolated linearly."""
+
+    batches: list[int]
+    widths: list[int]
+    target: list[list[float]]
+    draft: list[float]
+    padded: bool = False
+    seconds: float = 0.0      # how long the calibration took
+
+    def as_dict(self) -> dict:
+        return {"batches": self.batches, "widths": self.widths, "padded": self.padded,
+                "target_seconds": [[round(t, 7) for t in row] for row in self.target],
+                "draft_pass_seconds": [round(t, 7) for t in self.draft],
+                "calibration_seconds": round(self.seconds, 3)}
+
+
+def _interp(xs: list[int], ys: list[float], x: float, padded: bool) -> float:
+    """ys at x: the next listed point when ``padded``, else piecewise linear (proportional
+    beyond the last point, flat below the first)."""
+    if padded:
+        for xi, yi in zip(xs, ys):
+            if xi >= x:
+                return yi
+        return ys[-1] * x / xs[-1]
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1] * x / xs[-1]
+
+
+@dataclass
+class _Ema:
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, x: float, rate: float) -> None:
+        self.count += 1
+        self.value = x if self.count == 1 else self.value + max(rate, 1.0 / self.count) * (x - self.value)
+
+
+class CostModel:
+    """Predicted seconds of a decode step at batch B with k drafts per request."""
+
+    MIN_SAMPLES = 4          # measured steps before a cell's EMA replaces the prediction
+
+    def __init__(self, calibration: Calibration, rate: float = 0.1):
+        self.cal = calibration
+        self.rate = rate
+        self.overhead: dict[int, _Ema] = {}            # batch bucket -> host seconds per step
+        self.cells: dict[tuple[int, int], _Ema] = {}   # (batch bucket, k) -> step seconds
+
+    @staticmethod
+    def bucket(batch: int) -> int:
+        return 1 << max(0, batch - 1).bit_length()
+
+    def device_seconds(self, batch: int, k_verify: int, k_draft: int) -> float:
+        cal = self.cal
+        col = [_interp(cal.widths, row, k_verify + 1, cal.padded) for row in cal.target]
+        t = _interp(cal.batches, col, batch, cal.padded)
+        d = _interp(cal.batches, cal.draft, batch, cal.padded) if k_draft else 0.0
+        return t + k_draft * d
+
+    def step_seconds(self, batch: int, k: int) -> float:
+        """A steady step: verify k drafts, propose k."""
+        b = self.bucket(batch)
+        cell = self.cells.get((b, k))
+        if cell is not None and cell.count >= self.MIN_SAMPLES:
+            return cell.value
+        over = self.overhead.get(b)
+        return self.device_seconds(batch, k, k) + (over.value if over else 0.0)
+
+    def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float) -> None:
+        """A decode-only step that verified ``k_verify`` and proposed ``k_draft`` drafts per row."""
+        b = self.bucket(batch)
+        residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
+        self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
+        if k_verify == k_draft:
+            self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
+
+    def snapshot(self) -> dict:
+        return {"calibration": self.cal.as_dict(),
+                "overhead_seconds": {b: round(e.value, 7) for b, e in sorted(self.overhead.items())},
+                "measured_step_seconds": {f"{b},{k}": round(e.value, 7)
+                                          for (b, k), e in sorted(self.cells.items())}}
+
+
+# ---- the decision ----------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One sampling request as the controller sees it."""
+
+    request_id: str
+    bucket: int               # temperature bucket
+    budget: int               # drafts it may still take (k shrinks near max_tokens)
+    pinned: Optional[int] = None   # k fixed for this request (seeded sampling), or None
+
+
+@dataclass
+class Decision:
+    ks: list[int]                        # per row
+    k: int                               # the batch's k (before budgets and pins)
+    predicted_speedup: Optional[float] = None   # goodput(k) / goodput(0)
+    goodput: list[float] = field(default_factory=list)   # tokens/s predicted for k = 0..k_max
+
+
+class KController:
+    """Chooses each step's k; ``force`` (tests) overrides it: ``force(row) -> k`` per row."""
+
+    HYSTERESIS = 1.03        # a new k must promise this much more than the current one
+    EXPLORE_EVERY = 50       # steps at k = 0 before one probing step at k = 1
+
+    def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
+                 acceptance: Optional[AcceptanceModel] = None):
+        self.k_max, self.mode, self.cost = k_max, mode, cost
+        self.acceptance = acceptance or AcceptanceModel(k_max)
+        self.force: Optional[Callable[[Row], int]] = None
+        self.current = k_max if mode == "fixed" else min(k_max, 2)
+        self.steps_at_zero = 0
+        self.last: Optional[Decision] = None
+        self.measured_tps: Optional[_Ema] = None   # committed tokens/s of decode steps
+        self.plain_tps: Optional[_Ema] = None      # predicted plain tokens/s at the same batches
+        self.chosen_counts = [0] * (k_max + 1)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mode == "adaptive"
+
+    def decide(self, rows: list[Row]) -> Decision:
+        if self.force is not None:
+            ks = [max(0, min(self.force(r), r.budget, self.k_max)) for r in rows]
+            return self._keep(Decision(ks, max(ks, default=0)))
+        if not self.adaptive or self.cost is None:
+            return self._keep(Decision([min(self.k_max, r.budget) for r in rows], self.k_max))
+        batch = len(rows)
+        rates = [self.acceptance.rates(r.request_id, r.bucket) for r in rows]
+        pin = max((r.pinned for r in rows if r.pinned is not None), default=0)
+        goodput = []
+        for k in range(self.k_max + 1):
+            tokens = sum(expected_tokens(a, min(r.pinned if r.pinned is not None else k, r.budget))
+                         for r, a in zip(rows, rates))
+            goodput.append(tokens / self.cost.step_seconds(batch, max(k, pin)))
+        best = max(range(self.k_max + 1), key=lambda k: goodput[k])
+        if goodput[best] < goodput[self.current] * self.HYSTERESIS:
+            best = self.current
+        if best == 0:
+            self.steps_at_zero += 1
+            if self.steps_at_zero >= self.EXPLORE_EVERY:   # refresh the acceptance estimates
+                self.steps_at_zero, best = 0, 1
+        else:
+            self.steps_at_zero = 0
+        self.current = best
+        ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
+        speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
+        return self._keep(Decision(ks, best, speedup, goodput))
+
+    def _keep(self, d: Decision) -> Decision:
+        self.last = d
+        for k in d.ks:
+            self.chosen_counts[k] += 1
+        return d
+
+    def observe_step(self, batch: int, k_verify: int, k_draft: int, tokens: int,
+                     seconds: float) -> None:
+        """A decode-only step: every row verified ``k_verify`` (the widest row) and proposed up
+        to ``k_draft`` drafts; ``tokens`` were committed in ``seconds``."""
+        if self.cost is None or batch <= 0 or seconds <= 0:
+            return
+        self.cost.observe(batch, k_verify, k_draft, seconds)
+        if self.measured_tps is None:
+            self.measured_tps, self.plain_tps = _Ema(), _Ema()
+        self.measured_tps.add(tokens / seconds, 0.05)
+        self.plain_tps.add(batch / self.cost.step_seconds(batch, 0), 0.05)
+
+    @property
+    def measured_speedup(self) -> Optional[float]:
+        """Recent committed tokens/s over the cost model's plain decoding at the same batches."""
+        if self.measured_tps is None or not self.plain_tps.value:
+            return None
+        return self.measured_tps.value / self.plain_tps.value
+
+    def snapshot(self) -> dict:
+        last = self.last
+        return {"mode": self.mode, "k_max": self.k_max, "current_k": self.current,
+                "chosen_k_counts": list(self.chosen_counts),
+                "predicted_speedup": None if last is None else last.predicted_speedup,
+                "measured_speedup": self.measured_speedup,
+                "goodput_tokens_per_s": [] if last is None else [round(g, 2) for g in last.goodput],
+                "acceptance": self.acceptance.snapshot(),
+                "cost": None if self.cost is None else self.cost.snapshot()}
+
+
+# ---- the engine's side -----------------------------------------------------------------------
+class SpecControl:
+    """What EngineCore calls: ``plan`` after scheduling (sets each sampling request's
+    ``num_spec_next``), ``record`` per verification, ``after_step`` with the step's stats."""
+
+    SNAPSHOT_EVERY = 32      # steps between refreshes of the snapshot other threads read
+
+    def __init__(self, k_max: int, mode: str, max_model_len: int, pin_seeded: bool,
+                 calibration: Optional[Calibration]):
+        cost = CostModel(calibration) if calibration is not None else None
+        self.controller = KController(k_max, mode, cost)
+        self.max_model_len = max_model_len
+        self.pin_seeded = pin_seeded and mode == "adaptive"
+        self._steps = 0
+        self.snapshot: dict = self.controller.snapshot()   # replaced whole, never mutated
+
+    def _row(self, req) -> Row:
+        p = req.params
+        budget = max(0, min(self.controller.k_max, req.draft_room(self.max_model_len) - 1))
+        pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
+        return Row(req.request_id, temperature_bucket(p.temperature), budget, pinned)
+
+    def plan(self, scheduled: list) -> None:
+        sampling = [s for s in scheduled if s.samples]
+        if not sampling:
+            return
+        decision = self.controller.decide([self._row(s.request) for s in sampling])
+        for s, k in zip(sampling, decision.ks):
+            s.num_spec_next = k
+
+    def record(self, req, num_drafts: int, accepted: int) -> None:
+        self.controller.acceptance.record(req.request_id, temperature_bucket(req.params.temperature),
+                                          num_drafts, accepted)
+
+    def forget(self, request_id: str) -> None:
+        self.controller.acceptance.forget(request_id)
+
+    def after_step(self, scheduled: list, stats) -> None:
+        """Fill the step's speculation stats; a decode-only step also refines the cost model."""
+        sampling = [s for s in scheduled if s.samples]
+        ctl = self.controller
+        stats.spec_chosen_k = [s.num_spec_next for s in sampling]
+        if sampling and len(sampling) == len(scheduled) and stats.num_prompt_tokens == 0:
+            ctl.observe_step(len(sampling), max(s.num_drafts for s in sampling),
+                             max(stats.spec_chosen_k), stats.num_generation_tokens, stats.step_seconds)
+        if ctl.last is not None:
+            stats.spec_predicted_speedup = ctl.last.predicted_speedup
+        stats.spec_measured_speedup = ctl.measured_speedup
+        self._steps += 1
+        if self._steps % self.SNAPSHOT_EVERY == 0:
+            self.snapshot = ctl.snapshot()

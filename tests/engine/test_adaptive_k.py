@@ -1,0 +1,151 @@
+"""Adaptive k through the engine: whatever k the controller picks, outputs stay exact.
+
+* greedy output is token-identical to plain decoding with the controller deciding, with random
+  k every step, and under preemption;
+* strict verification emits the target's own sample at every position, so a seeded request's
+  output is the plain output whatever k is chosen (random k, fixed k, none);
+* under probabilistic verification the token at a position depends on whether a draft was
+  verified there (min(1, p/q) acceptance cannot be coupled to plain sampling), so the adaptive
+  controller pins seeded sampled requests to k = 0: their output is the plain output for their
+  seed, in any batch and under preemption. With k forced as a function of the request alone
+  their output depends on nothing else (batch, preemption);
+* k = 0 for every request is plain decoding through the same path.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specserve.engine import SamplingParams
+from tests.engine.test_spec_engine import _ids, _prompts, _run_with_preemption_at_every_step
+from tests.helpers.adaptive_k import force_k, force_random_k
+from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adaptive_k")
+    target = make_tiny_checkpoint(root / "target", "qwen3", seed=5, initializer_range=0.2)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.02, seed=7)
+    return str(target), str(draft)
+
+
+def _spec(make_llm, pair, **kw):
+    kw.setdefault("num_speculative_tokens", K)
+    kw.setdefault("speculative_k", "adaptive")
+    return make_llm(pair[0], draft_model=pair[1], **kw)
+
+
+def _drafted(outs) -> int:
+    return sum(c.spec_decode.num_draft_tokens for o in outs for c in o.outputs)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def test_greedy_is_identical_with_the_controller_and_with_random_k(pair, make_llm):
+    prompts = _prompts(12, seed=21)
+    plain = _ids(make_llm(pair[0]).generate(prompts, GREEDY))
+    llm = _spec(make_llm, pair)
+    assert llm.core.spec_control.controller.cost is not None, "adaptive mode calibrates"
+    assert _ids(llm.generate(prompts, GREEDY)) == plain
+    force_random_k(llm.core, seed=3)
+    outs = llm.generate(prompts, GREEDY)
+    assert _ids(outs) == plain
+    assert _drafted(outs) > 0
+    counts = llm.core.spec_control.controller.chosen_counts
+    assert all(c > 0 for c in counts), f"every k in 0..{K} must have been chosen: {counts}"
+
+
+def test_greedy_with_random_k_under_preemption_and_chunked_prefill(pair, make_llm):
+    prompts = _prompts(16, seed=1)
+    plain = _ids(make_llm(pair[0]).generate(prompts, GREEDY))
+    llm = _spec(make_llm, pair, num_kv_blocks=14, max_num_batched_tokens=16)
+    force_random_k(llm.core, seed=4)
+    outs = llm.generate(prompts, GREEDY)
+    assert _ids(outs) == plain
+    assert sum(c.times.num_preemptions for o in outs for c in o.outputs) > 0, "no preemption happened"
+
+
+def test_k_zero_everywhere_is_plain_decoding(pair, make_llm):
+    prompts = _prompts(6, seed=22)
+    params = [SamplingParams(temperature=0.8, seed=50 + i, max_tokens=16, ignore_eos=True) for i in range(6)]
+    plain = _ids(make_llm(pair[0]).generate(prompts, params))
+    llm = _spec(make_llm, pair)
+    force_k(llm.core, lambda row: 0)
+    outs = llm.generate(prompts, params)
+    assert _ids(outs) == plain and _drafted(outs) == 0
+
+
+def test_strict_seeded_output_does_not_depend_on_k_batch_or_preemption(pair, make_llm):
+    prompts = _prompts(8, seed=23)
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=70 + i, max_tokens=20, ignore_eos=True)
+              for i in range(8)]
+    plain = _ids(make_llm(pair[0]).generate(prompts, params))
+    fixed = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K,
+                     rejection_sample_method="strict", speculative_k="fixed")
+    assert _ids(fixed.generate(prompts, params)) == plain
+    llm = _spec(make_llm, pair, rejection_sample_method="strict")
+    force_random_k(llm.core, seed=5)
+    outs = llm.generate(prompts, params)
+    assert _ids(outs) == plain and _drafted(outs) > 0
+    solo = llm.generate([prompts[3]], params[3])
+    assert _ids(solo)[0] == plain[3]
+    stormy = _spec(make_llm, pair, rejection_sample_method="strict")
+    force_random_k(stormy.core, seed=6)
+    done, with_drafts = _run_with_preemption_at_every_step(stormy, prompts, params, random.Random(8))
+    assert with_drafts > 0
+    assert [done[f"r{i}"].outputs[0].token_ids for i in range(8)] == plain
+
+
+def test_adaptive_pins_seeded_sampling_to_plain_output(pair, make_llm):
+    """Probabilistic verification: seeded sampled requests decode plainly (k = 0) whatever the
+    rest of the batch does, so their output is the one without a draft model, in a crowd of
+    unseeded and greedy requests that do speculate, and under preemption."""
+    prompts = _prompts(10, seed=24)
+    seeded = [SamplingParams(temperature=0.9, seed=90 + i, max_tokens=20, ignore_eos=True) for i in range(5)]
+    crowd = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)] * 3 + \
+            [SamplingParams(temperature=0.7, max_tokens=20, ignore_eos=True)] * 2
+    plain = _ids(make_llm(pair[0]).generate(prompts[:5], seeded))
+    llm = _spec(make_llm, pair)
+    force_k(llm.core, None)
+    ctl = llm.core.spec_control.controller
+    ctl.current, ctl.HYSTERESIS = K, 1e9      # keep the batch's k at K: the crowd speculates
+    outs = llm.generate(prompts, seeded + crowd)
+    assert _ids(outs)[:5] == plain
+    assert all(c.spec_decode.num_draft_tokens == 0 for o in outs[:5] for c in o.outputs)
+    assert sum(c.spec_decode.num_draft_tokens for o in outs[5:] for c in o.outputs) > 0
+    stormy = _spec(make_llm, pair)
+    done, _ = _run_with_preemption_at_every_step(stormy, prompts, seeded + crowd, random.Random(9))
+    assert [done[f"r{i}"].outputs[0].token_ids for i in range(5)] == plain
+
+
+def test_probabilistic_output_depends_only_on_the_requests_own_k_sequence(pair, make_llm):
+    """k forced as a function of (seed, position): the same seeded output alone, in a crowd and
+    under preemption at every step (the Philox keys are per position, not per batch row)."""
+    def k_of(row) -> int:
+        req = rows_by_id[row.request_id]
+        return (req.seed * 7 + req.num_output_tokens * 3) % (K + 1)
+
+    rows_by_id: dict = {}
+    prompts = _prompts(8, seed=25)
+    params = [SamplingParams(temperature=1.0, seed=110 + i, max_tokens=20, ignore_eos=True) for i in range(8)]
+
+    def run(llm, prompts_, params_, storm=None):
+        core = llm.core
+        original = core.scheduler.add
+        core.scheduler.add = lambda req: (rows_by_id.__setitem__(req.request_id, req), original(req))[1]
+        force_k(core, k_of)
+        if storm is None:
+            return _ids(llm.generate(prompts_, params_))
+        done, _ = _run_with_preemption_at_every_step(llm, prompts_, params_, storm)
+        return [done[f"r{i}"].outputs[0].token_ids for i in range(len(prompts_))]
+
+    together = run(_spec(make_llm, pair), prompts, params)
+    alone = [run(_spec(make_llm, pair), [p], [sp])[0] for p, sp in zip(prompts[:3], params[:3])]
+    assert alone == together[:3]
+    assert run(_spec(make_llm, pair), prompts, params, random.Random(10)) == together

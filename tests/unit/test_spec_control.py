@@ -1,0 +1,120 @@
+"""The adaptive k controller on hand-made costs and acceptance (no torch, milliseconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
+                                           expected_tokens, temperature_bucket)
+
+K = 4
+
+
+def _cal(draft_per_target: float, padded: bool = True) -> Calibration:
+    """Target 10 ms at every width and batch (memory-bound), draft pass = ratio x 10 ms."""
+    batches, widths = [1, 16, 64], [1, 2, 3, 5]
+    return Calibration(batches, widths, [[0.010] * len(widths) for _ in batches],
+                       [0.010 * draft_per_target] * len(batches), padded=padded)
+
+
+def test_expected_tokens_is_the_formula():
+    assert expected_tokens([0.5] * 4, 0) == 1
+    assert expected_tokens([0.5] * 4, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([1.0] * 4, 4) == 5
+
+
+def test_temperature_buckets():
+    assert [temperature_bucket(t) for t in (0, 0.3, 0.5, 1.0, 1.2, 2.0)] == [0, 1, 2, 2, 3, 3]
+
+
+def test_acceptance_counts_only_tried_positions():
+    acc = AcceptanceModel(K, prior=0.5, prior_weight=0.0)
+    acc.record("r", 2, 4, 1)          # position 1 accepted, 2 rejected, 3-4 not tried
+    rates = acc.rates("other", 2)
+    assert rates[0] == 1.0 and rates[1] == 0.0
+    assert rates[2] == rates[1] and rates[3] == rates[1]   # untried: borrow the previous one
+    assert acc.shared[2].count == [1, 1, 0, 0]
+    assert acc.rates("other", 1) == [0.5] * K               # other temperatures untouched
+
+
+def test_a_request_starts_from_its_bucket_and_moves_on_its_own():
+    acc = AcceptanceModel(K)
+    for _ in range(50):
+        acc.record("good", 0, K, K)
+    for _ in range(20):
+        acc.record("bad", 0, K, 0)
+    assert acc.rates("good", 0)[0] > 0.9
+    assert acc.rates("bad", 0)[0] < 0.2
+    acc.forget("bad")
+    assert acc.rates("bad", 0) == acc.shared[0].rates()
+
+
+def _decide(ctl: KController, batch: int) -> int:
+    d = ctl.decide([Row(f"r{i}", 0, K) for i in range(batch)])
+    return d.k
+
+
+def test_cheap_good_draft_speculates_costly_bad_draft_does_not():
+    good = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(200):
+        good.acceptance.record("x", 0, K, K - 1)
+    assert _decide(good, 1) >= 2
+    bad = KController(K, "adaptive", CostModel(_cal(0.5)))
+    for _ in range(200):
+        bad.acceptance.record("x", 0, K, 0)
+    assert _decide(bad, 1) == 0
+    assert bad.last.predicted_speedup == pytest.approx(1.0)
+
+
+def test_compute_bound_large_batches_turn_speculation_off():
+    """Target cost growing with tokens per step (compute-bound): k shrinks as the batch grows."""
+    batches, widths = [1, 16, 256], [1, 2, 3, 5]
+    target = [[0.010] * 4, [0.011, 0.013, 0.015, 0.020], [0.040, 0.080, 0.120, 0.200]]
+    ctl = KController(K, "adaptive", CostModel(Calibration(batches, widths, target, [0.001, 0.002, 0.01],
+                                                           padded=True)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, 1)
+    ctl.HYSTERESIS = 1.0
+    assert _decide(ctl, 1) >= 1
+    assert _decide(ctl, 256) == 0
+
+
+def test_pinned_rows_and_budgets():
+    ctl = KController(K, "adaptive", CostModel(_cal(0.01)))
+    for _ in range(100):
+        ctl.acceptance.record("x", 0, K, K)
+    d = ctl.decide([Row("a", 0, K), Row("b", 2, K, pinned=0), Row("c", 0, 1)])
+    assert d.ks == [d.k, 0, min(1, d.k)] and d.k > 0
+
+
+def test_fixed_mode_and_the_test_hook():
+    ctl = KController(K, "fixed", None)
+    assert ctl.decide([Row("a", 0, K), Row("b", 0, 2)]).ks == [K, 2]
+    ctl.force = lambda row: 7
+    assert ctl.decide([Row("a", 0, 3)]).ks == [3]
+
+
+def test_exploration_after_a_long_stretch_at_zero():
+    ctl = KController(K, "adaptive", CostModel(_cal(1.0)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, 0)
+    ks = [_decide(ctl, 1) for _ in range(ctl.EXPLORE_EVERY + 1)]
+    assert ks.count(1) == 1 and ks.count(0) == ctl.EXPLORE_EVERY
+
+
+def test_online_cells_replace_the_calibration():
+    cost = CostModel(_cal(0.1))
+    assert cost.step_seconds(16, 2) == pytest.approx(0.010 + 2 * 0.001)
+    for _ in range(CostModel.MIN_SAMPLES):
+        cost.observe(16, 2, 2, 0.05)
+    assert cost.step_seconds(16, 2) == pytest.approx(0.05)
+    # the host residual learnt there applies to cells never measured
+    assert cost.step_seconds(16, 1) == pytest.approx(0.010 + 0.001 + (0.05 - 0.012))
+
+
+def test_unpadded_costs_interpolate():
+    cal = Calibration([1, 16], [1, 5], [[0.01, 0.02], [0.02, 0.06]], [0.001, 0.004], padded=False)
+    cost = CostModel(cal)
+    assert cost.device_seconds(1, 2, 0) == pytest.approx(0.015)           # width 3: halfway
+    assert cost.device_seconds(16, 0, 2) == pytest.approx(0.02 + 2 * 0.004)
+    assert cost.device_seconds(32, 0, 0) == pytest.approx(0.04)           # proportional beyond
