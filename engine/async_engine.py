@@ -105,6 +105,18 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
 
+    def cut_off(self, message: str) -> int:
+        """End every in-flight request now (the shutdown deadline has passed): each stream gets
+        ``EngineDeadError(message)`` at once, so its handler answers with a 503 or an error event,
+        and the engine aborts the requests (freeing their KV and drafts). Returns how many."""
+        self._accepting = False
+        rids = list(self._streams)
+        for rid in rids:
+            self._inbox.put(("abort", rid))
+            self._deliver_error(rid, EngineDeadError(message))
+        self._wake.set()
+        return len(rids)
+
     def add_step_listener(self, fn: StepListener) -> None:
         self._listeners.append(fn)
 

@@ -15,6 +15,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 LoadFormat = Literal["auto", "safetensors", "dummy"]
 RejectionMethod = Literal["probabilistic", "strict"]
 DraftSampleMethod = Literal["sample", "greedy"]
+KVShortfall = Literal["allow", "refuse", "lower"]
 SpeculativeK = Literal["adaptive", "fixed"]
 
 DEMO_MODEL = "demo"  # the name of the embedded demo pair
@@ -112,6 +113,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int = 1024
     enforce_eager: bool = False
+    # a KV cache too small for one max_model_len request: "allow" (requests that do not fit are
+    # refused one by one), "refuse" to start, or "lower" max_model_len to what fits (with a warning)
+    kv_shortfall: KVShortfall = "allow"
     # request defaults: "auto" = the model's generation_config.json, "vllm" = none, else a folder
     generation_config: str = "auto"
 
@@ -136,6 +140,8 @@ class EngineConfig:
             raise ConfigError("--kernel-backend must be auto, torch or triton")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be positive")
+        if self.kv_shortfall not in ("allow", "refuse", "lower"):
+            raise ConfigError("kv_shortfall must be 'allow', 'refuse' or 'lower'")
         if not self.generation_config:
             raise ConfigError("--generation-config must be 'auto', 'vllm' or a folder")
 

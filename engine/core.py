@@ -149,6 +149,7 @@ class EngineCore:
                     self.scheduler.finish(child, FinishReason.ERROR)
             outs.append(self._output(parent))
             self._retire(parent)
+        self._draft_prob_bytes = self.draft_prob_bytes()  # /debug/state must not show freed drafts
         return outs
 
     def has_unfinished(self) -> bool:

@@ -179,6 +179,32 @@ def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype
     return int(blocks)
 
 
+def fit_max_model_len(config: EngineConfig, blocks: int, max_len: int, num_spec: int) -> int:
+    """max_model_len checked against a KV cache of ``blocks`` (``config.kv_shortfall`` decides).
+
+    One request of max_model_len tokens occupies max_len + num_spec slots at its last step (the
+    draft tokens under verification need KV too), so the largest max_model_len the cache can
+    hold is ``blocks * block_size - num_spec``.
+    """
+    capacity = blocks * config.block_size
+    largest = capacity - num_spec
+    if max_len <= largest or config.kv_shortfall == "allow":
+        return max_len
+    where = (f"the KV cache holds {capacity} tokens ({blocks} blocks of {config.block_size}) but one "
+             f"request of max_model_len {max_len} needs {max_len + num_spec} slots "
+             f"(its {num_spec} draft tokens included)")
+    if largest < 2:
+        raise ConfigError(f"{where}; it cannot hold even a 2-token request: give the cache more room "
+                          "(--kv-cache-memory, --gpu-memory-utilization or --num-kv-blocks)")
+    if config.kv_shortfall == "lower":
+        log.warning("%s: lowering max_model_len from %d to %d (--auto-fit-max-model-len)", where, max_len,
+                    largest)
+        return largest
+    raise ConfigError(f"{where}; the largest max_model_len it can hold is {largest}. Pass --max-model-len "
+                      f"{largest} (or --auto-fit-max-model-len), or give the cache more room "
+                      "(--kv-cache-memory, --gpu-memory-utilization or --num-kv-blocks)")
+
+
 def load_models(config: EngineConfig) -> LoadedModels:
     device = pick_device(config.device)
     target_path = resolve_model_path(config.model, "target")
@@ -209,6 +235,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
         draft = load_model(draft_spec, device, dtype, rope_len, config.load_format, config.seed + 1)
     specs = [s for s in (target_spec, draft_spec) if s]
     blocks = _num_blocks(config, specs, dtype, device, max_len)
+    max_len = fit_max_model_len(config, blocks, max_len, num_spec)
     runner = ModelRunner(target, draft, blocks, config.block_size, dtype, device, num_spec, max_len,
                          spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
                          config.max_num_seqs, config.enforce_eager or backend != "triton")
