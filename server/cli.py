@@ -1,6 +1,7 @@
 """``specserve`` command line: argv + environment -> EngineConfig + ServerOptions -> uvicorn.
 
-This is the only place that reads environment variables (``SPECSERVE_API_KEY``: comma-separated keys).
+This is the only place that reads environment variables (``SPECSERVE_API_KEY`` or vLLM's
+``VLLM_API_KEY``: comma-separated keys) and key files (``--api-key-file``).
 
 Subcommands: ``serve`` here; ``bench`` lives in :mod:`specserve.bench.cli`, which registers itself
 through ``add_subparser(subparsers)`` (its ``func=callable(args, environ) -> int`` default runs it).
@@ -9,6 +10,7 @@ through ``add_subparser(subparsers)`` (its ``func=callable(args, environ) -> int
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -19,12 +21,15 @@ from typing import Any, Mapping, Optional, Sequence
 
 from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig, SpeculativeConfig, parse_size
 from specserve.server.tools import add_tool_flags
-from specserve.server.limits import DEFAULT_MAX_BODY_BYTES
+from specserve.server.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
+from specserve.server.preprocess import DEFAULT_TEMPLATE_TIMEOUT, DEFAULT_WORKERS
 from specserve.server.stats_log import DEFAULT_INTERVAL_S
 
 logger = logging.getLogger("specserve")
 
 API_KEY_ENV = "SPECSERVE_API_KEY"
+API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
+SHUTDOWN_CUTOFF_GRACE = 5.0  # seconds uvicorn still waits after --shutdown-timeout for the 503s/error events
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 EXIT_ENGINE_FAILED = 4  # the engine loop died and --exit-on-engine-failure is on
 
@@ -44,6 +49,10 @@ class ServerOptions:
     enable_test_hooks: bool = False
     metrics_prefix: str = "specserve"
     log_stats_interval: Optional[float] = DEFAULT_INTERVAL_S   # None: --disable-log-stats
+    request_body_timeout: float = DEFAULT_BODY_TIMEOUT
+    preprocess_workers: int = DEFAULT_WORKERS
+    trust_request_chat_template: bool = False
+    chat_template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
 
     def __repr__(self) -> str:  # never print keys
         return (f"ServerOptions(host={self.host!r}, port={self.port}, served_model_name="
@@ -111,6 +120,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching,
                    help="reuse the KV of full blocks of shared prompt prefixes (default on)")
+    c.add_argument("--auto-fit-max-model-len", action="store_true",
+                   help="when the KV cache cannot hold one request of --max-model-len tokens, lower "
+                        "max_model_len to what it holds (with a warning) instead of refusing to start")
     c.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs (they are captured at start-up on GPU by default)")
 
@@ -123,7 +135,10 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="the model id(s) clients send and /v1/models lists; the first is the one "
                         "responses report (default: --model as given, or 'demo')")
     s.add_argument("--api-key", action="append", default=[],
-                   help=f"required bearer key for /v1/* (repeatable; also ${API_KEY_ENV}, comma-separated)")
+                   help=f"required bearer key for /v1/* (repeatable; shows in `ps`: prefer --api-key-file "
+                        f"or ${API_KEY_ENV} / $VLLM_API_KEY, comma-separated)")
+    s.add_argument("--api-key-file", action="append", default=[],
+                   help="a file holding bearer keys, one per line (repeatable; e.g. a mounted Secret)")
     s.add_argument("--shutdown-timeout", type=float, default=ServerOptions.shutdown_timeout,
                    help="seconds SIGTERM waits for in-flight requests before aborting them")
     s.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
@@ -139,6 +154,18 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
                         "for vLLM dashboards, alerts and inference-gateway endpoint pickers")
     s.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get HTTP 413 (default %(default)s)")
+    s.add_argument("--request-body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                   help="seconds a request body may take to arrive; slower ones get HTTP 408 and the "
+                        "connection is closed (default %(default)s)")
+    s.add_argument("--preprocess-workers", type=int, default=DEFAULT_WORKERS,
+                   help="threads that tokenize prompts and render chat templates, off the event loop "
+                        "(default %(default)s)")
+    s.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept chat templates sent with requests (chat_template, "
+                        "chat_template_kwargs.chat_template); they render in a sandboxed child process "
+                        "bounded in time and output. Off: such requests get HTTP 400")
+    s.add_argument("--chat-template-timeout", type=float, default=DEFAULT_TEMPLATE_TIMEOUT,
+                   help="seconds one request-supplied chat template may render (default %(default)s)")
     s.add_argument("--exit-on-engine-failure", action=argparse.BooleanOptionalAction, default=True,
                    help=f"exit with status {EXIT_ENGINE_FAILED} shortly after the engine loop fails, so "
                         "the orchestrator restarts the server (default on; off: stay up, /health 503)")
@@ -187,12 +214,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager,
-        generation_config=args.generation_config)
+        generation_config=args.generation_config,
+        kv_shortfall="lower" if args.auto_fit_max_model_len else "refuse")
 
 
-def api_keys(cli_keys: Sequence[str], environ: Mapping[str, str]) -> tuple[str, ...]:
+def api_keys(cli_keys: Sequence[str], environ: Mapping[str, str],
+             key_files: Sequence[str] = ()) -> tuple[str, ...]:
+    """Keys from --api-key, --api-key-file (one per line) and $SPECSERVE_API_KEY / $VLLM_API_KEY."""
     keys = [k.strip() for k in cli_keys]
-    keys += [k.strip() for k in environ.get(API_KEY_ENV, "").split(",")]
+    for path in key_files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                keys += [line.strip() for line in f]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--api-key-file {path}: cannot read it ({type(e).__name__})") from None
+    for name in API_KEY_ENVS:
+        keys += [k.strip() for k in environ.get(name, "").split(",")]
     return tuple(dict.fromkeys(k for k in keys if k))
 
 
@@ -213,13 +250,26 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
         raise ConfigError("--max-request-body-bytes must be positive")
     if not args.log_stats_interval > 0:
         raise ConfigError("--log-stats-interval must be positive")
+    if not args.request_body_timeout > 0:
+        raise ConfigError("--request-body-timeout must be positive")
+    if args.preprocess_workers < 1:
+        raise ConfigError("--preprocess-workers must be positive")
+    if not args.chat_template_timeout > 0:
+        raise ConfigError("--chat-template-timeout must be positive")
+    keys = api_keys(args.api_key, environ, args.api_key_file)
+    if args.api_key_file and not keys:
+        raise ConfigError("--api-key-file holds no key")
     return ServerOptions(host=args.host, port=args.port, served_model_name=served_names(args),
-                         api_keys=api_keys(args.api_key, environ), shutdown_timeout=args.shutdown_timeout,
+                         api_keys=keys, shutdown_timeout=args.shutdown_timeout,
                          log_level=args.log_level, access_log=not args.no_access_log,
                          max_request_body_bytes=args.max_request_body_bytes,
                          exit_on_engine_failure=args.exit_on_engine_failure,
                          enable_test_hooks=args.enable_test_hooks, metrics_prefix=args.metrics_prefix,
-                         log_stats_interval=None if args.disable_log_stats else args.log_stats_interval)
+                         log_stats_interval=None if args.disable_log_stats else args.log_stats_interval,
+                         request_body_timeout=args.request_body_timeout,
+                         preprocess_workers=args.preprocess_workers,
+                         trust_request_chat_template=args.trust_request_chat_template,
+                         chat_template_timeout=args.chat_template_timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,6 +298,14 @@ def _describe(engine: Any, name: str, opts: ServerOptions) -> str:
             f"({'API key required on /v1/*' if opts.api_keys else 'no API key'})")
 
 
+def _cut_off(engine: Any, timeout: float) -> None:
+    ended = engine.cut_off(f"the server is shutting down: --shutdown-timeout ({timeout:g} s) ran out "
+                           "before this request finished")
+    if ended:
+        logger.warning("shutdown timeout (%gs) reached: ended %d unfinished request(s) with 503 / an "
+                       "error event", timeout, ended)
+
+
 def make_server(app: Any, opts: ServerOptions) -> Any:
     import uvicorn
 
@@ -260,6 +318,18 @@ def make_server(app: Any, opts: ServerOptions) -> Any:
             if self.started:
                 state = app.state.server
                 logger.info("%s", _describe(state.engine, state.served_model_name, opts))
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            """SIGTERM: uvicorn stops accepting and waits for open requests. When --shutdown-timeout
+            runs out, the leftovers are ended here, properly (a 503 body, or an error event then
+            [DONE] on a stream), while uvicorn still waits SHUTDOWN_CUTOFF_GRACE more seconds for
+            those answers to go out before it would cancel anything."""
+            cutoff = asyncio.get_running_loop().call_later(opts.shutdown_timeout, _cut_off,
+                                                           app.state.server.engine, opts.shutdown_timeout)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                cutoff.cancel()
 
         async def on_tick(self, counter: int) -> bool:
             """Every 0.1 s: once the engine is dead and the grace period (error events flushed,
@@ -277,7 +347,8 @@ def make_server(app: Any, opts: ServerOptions) -> Any:
             return await super().on_tick(counter)
 
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
-                            access_log=opts.access_log, timeout_graceful_shutdown=opts.shutdown_timeout,
+                            access_log=opts.access_log,
+                            timeout_graceful_shutdown=opts.shutdown_timeout + SHUTDOWN_CUTOFF_GRACE,
                             log_config=None)
     return _Server(config)
 
@@ -305,7 +376,16 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                      shutdown_timeout=opts.shutdown_timeout,
                      max_body_bytes=opts.max_request_body_bytes,
                      enable_test_hooks=opts.enable_test_hooks, metrics_prefix=opts.metrics_prefix,
-                     log_stats_interval=opts.log_stats_interval)
+                     log_stats_interval=opts.log_stats_interval,
+                     body_timeout=opts.request_body_timeout, preprocess_workers=opts.preprocess_workers,
+                     trust_request_chat_template=opts.trust_request_chat_template,
+                     chat_template_timeout=opts.chat_template_timeout)
+    if opts.trust_request_chat_template:
+        logger.warning("--trust-request-chat-template is on: clients may send chat templates (rendered "
+                       "in a sandboxed child process, %gs and %d characters at most)",
+                       opts.chat_template_timeout, app.state.server.preprocess.max_rendered_chars)
+    logger.info("preprocessing: %d worker threads; %s", opts.preprocess_workers,
+                app.state.server.preprocess.describe())
     if opts.enable_test_hooks:
         logger.warning("--enable-test-hooks is on: POST /debug/fault can kill the engine (tests only)")
     server = make_server(app, opts)

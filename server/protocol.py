@@ -11,13 +11,18 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from specserve.engine.types import SamplingParams
 
 _MAX_N = SamplingParams.MAX_N
 _MAX_LOGPROBS = SamplingParams.MAX_LOGPROBS
 _MAX_TOP_K = 2**31 - 1  # the sampling kernels hold top_k in int32; any k >= vocab means "off"
+
+
+# Request bodies are validated strictly: "4" is not an integer and "yes" / 1 are not booleans
+# (a 400 names the field); JSON integers are still accepted where a number is expected.
+_STRICT = ConfigDict(strict=True)
 
 
 def _omit_none() -> Any:
@@ -28,6 +33,8 @@ def _omit_none() -> Any:
 # ----------------------------------------------------------------------------------------- requests
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -37,6 +44,8 @@ class SamplingFields(BaseModel):
 
     An explicit ``null`` means "the default", as in OpenAI's API (clients send ``"temperature": null``).
     """
+
+    model_config = _STRICT
 
     @model_validator(mode="before")
     @classmethod
@@ -86,11 +95,15 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(BaseModel):
+    model_config = _STRICT
+
     type: str = Field(..., description="only 'text' parts are supported")
     text: Optional[str] = None
 
 
 class ChatMessage(BaseModel):
+    model_config = _STRICT
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[StrictStr, list[ContentPart]]] = None
     name: Optional[str] = None
@@ -116,6 +129,9 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template: Optional[str] = Field(None, description="a Jinja chat template for this request; "
+                                         "refused (400) unless the server runs with "
+                                         "--trust-request-chat-template")
 
 
 # ---------------------------------------------------------------------------------------- responses

@@ -140,7 +140,7 @@ def _add_tokenize_routes(router: APIRouter, auth: APIKeyChecker) -> None:
                  responses=_TOKENIZE_ERRORS)
     async def tokenize(body: Union[TokenizeCompletionRequest, TokenizeChatRequest],
                        request: Request) -> TokenizeResponse:
-        return tokenize_request(state_of(request), body)
+        return await tokenize_request(state_of(request), body)
 
     @router.post("/detokenize", response_model=DetokenizeResponse, dependencies=[Depends(auth)],
                  responses=_TOKENIZE_ERRORS)

@@ -47,6 +47,7 @@ class ServerState:
     metrics: ServerMetrics
     token_text: TokenText
     served_model_names: tuple[str, ...] = ()
+    preprocess: Any = None  # a Preprocessor: tokenization and chat templates off the event loop
 
     @property
     def tokenizer(self) -> Any:
@@ -86,12 +87,11 @@ def check_text(value: str, param: str) -> str:
     return value
 
 
-def tokenize(state: ServerState, text: str, param: str, add_special_tokens: bool) -> list[int]:
+async def tokenize(state: ServerState, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of a prompt text, computed in the preprocessing pool (never on the event loop)."""
+    state.preprocess.check_length(len(text), param)  # first: the cheapest refusal of a huge text
     check_text(text, param)
-    ids = list(state.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-    if not ids:
-        raise bad_request(f"{param} is empty: at least one token is needed", param=param)
-    return ids
+    return await state.preprocess.tokenize(text, param, add_special_tokens)
 
 
 def _logit_bias(raw: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
@@ -241,9 +241,15 @@ class Generation:
             yield index, out
 
     async def collect(self) -> list[RequestOutput]:
-        """Run to the end; the final output of each prompt."""
-        async for _ in self.outputs():
-            pass
+        """Run to the end; the final output of each prompt. An engine error (the engine died, or
+        the shutdown deadline ended the request) is raised as the APIError the client gets."""
+        try:
+            async for _ in self.outputs():
+                pass
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an OpenAI-shaped answer instead of a traceback
+            raise from_engine_error(e) from None
         return [out for out in self.latest if out is not None]
 
     async def close(self) -> None:

@@ -7,13 +7,13 @@ then a chunk with the finish reason (and, when asked, a usage chunk with no choi
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from specserve.engine.types import Logprob, RequestOutput
-from specserve.server.errors import bad_request
+from specserve.server.errors import APIError, bad_request
 from specserve.server.tools import ToolPlan, tool_fields
 from specserve.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
                              ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
@@ -53,28 +53,46 @@ def _check_supported(req: ChatCompletionRequest) -> None:
                           "continue_final_message")
 
 
-def _prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], str]:
-    text = render_chat(state, req)
-    return tokenize(state, text, "messages", add_special_tokens=False), text
+async def _prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[list[int], str]:
+    text = await render_chat(state, req)
+    return await tokenize(state, text, "messages", add_special_tokens=False), text
 
 
-def render_chat(state: ServerState, req: Any) -> str:
-    """The prompt text the tokenizer's chat template makes of ``req.messages`` (``req``: a chat
-    completion or a /tokenize chat request; both carry the template fields)."""
-    if not getattr(state.tokenizer, "chat_template", None):
+def _content_chars(messages: list[Any]) -> int:
+    return sum(len(m.content) if isinstance(m.content, str) else
+               sum(len(p.text or "") for p in m.content or ()) for m in messages)
+
+
+def request_template(state: ServerState, req: Any, kwargs: dict[str, Any]) -> Optional[str]:
+    """A chat template sent with the request (``chat_template`` or ``chat_template_kwargs.chat_template``,
+    removed from ``kwargs``): None if there is none; a 400 unless the server trusts such templates."""
+    sent = [(name, value) for name, value in (("chat_template", getattr(req, "chat_template", None)),
+                                              ("chat_template_kwargs.chat_template",
+                                               kwargs.pop("chat_template", None))) if value is not None]
+    if not sent:
+        return None
+    param, source = sent[0]
+    if not state.preprocess.trust_request_chat_template:
+        raise APIError(400, "chat templates sent with a request are not accepted by this server (it runs "
+                            "without --trust-request-chat-template); leave out chat_template to use the "
+                            "model's own", param=param, code="chat_template_not_allowed")
+    if not isinstance(source, str):
+        raise bad_request(f"{param} must be a string (a Jinja template)", param)
+    return source
+
+
+async def render_chat(state: ServerState, req: Any) -> str:
+    """The prompt text the chat template makes of ``req.messages`` (``req``: a chat completion or a
+    /tokenize chat request; both carry the template fields), rendered off the event loop."""
+    state.preprocess.check_length(_content_chars(req.messages), "messages")  # before any copy of them
+    kwargs = dict(req.chat_template_kwargs or {})
+    template = request_template(state, req, kwargs)
+    if template is None and not getattr(state.tokenizer, "chat_template", None):
         raise bad_request("this model's tokenizer has no chat template; use /v1/completions", "messages")
     messages = _message_dicts(req)
-    kwargs = dict(req.chat_template_kwargs or {})
     kwargs.update(tokenize=False, add_generation_prompt=req.add_generation_prompt,
                   continue_final_message=req.continue_final_message)
-    try:
-        text = state.tokenizer.apply_chat_template(messages, **kwargs)
-    except Exception as e:  # noqa: BLE001 - template errors are the request's fault (roles, kwargs)
-        raise bad_request(f"the chat template could not render these messages: {e}", "messages") from None
-    if not isinstance(text, str):
-        raise bad_request("chat_template_kwargs must not change the template's output type",
-                          "chat_template_kwargs")
-    return text
+    return await state.preprocess.render_chat(messages, kwargs, template)
 
 
 def _logprobs(state: ServerState, lps: list[Logprob]) -> ChatChoiceLogprobs:
@@ -98,7 +116,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     # no max_tokens: the engine applies the model's default length, capped by the context
     params = sampling_params(req, max_tokens=max_tokens, logprobs=logprobs,
                              defaults=state.generation_defaults)
-    ids, text = _prompt(state, req)
+    ids, text = await _prompt(state, req)
     params = plan.constrain(params)
     request_id = new_request_id("chatcmpl")
     gen = await Generation.start(state, request_id, [(ids, text)], params)

@@ -21,11 +21,11 @@ from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generati
                             sse, stream_chunks, tokenize, until_disconnect, usage_options)
 
 
-def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], Optional[str]]]:
+async def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], Optional[str]]]:
     """(token ids, text) per prompt; text is None for token-id prompts (decoded only for echo)."""
     raw = req.prompt
     if isinstance(raw, str):
-        return [(tokenize(state, raw, "prompt", req.add_special_tokens), raw)]
+        return [(await tokenize(state, raw, "prompt", req.add_special_tokens), raw)]
     if not raw:
         raise bad_request("prompt must not be empty", "prompt")
     limit = state.engine.config.max_waiting_requests
@@ -33,7 +33,9 @@ def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int]
         raise bad_request(f"this request has {len(raw)} prompts; at most {limit} (--max-waiting-requests) "
                           "can be queued at once", "prompt")
     if isinstance(raw[0], str):
-        return [(tokenize(state, p, "prompt", req.add_special_tokens), p) for p in raw]
+        for p in raw:  # the cheap length check of every prompt before any is tokenized
+            state.preprocess.check_length(len(p), "prompt")
+        return [(await tokenize(state, p, "prompt", req.add_special_tokens), p) for p in raw]
     if isinstance(raw[0], int):
         return [(list(raw), None)]
     if any(not ids for ids in raw):
@@ -97,7 +99,7 @@ async def create_completion(state: ServerState, req: CompletionRequest,
     _check_supported(req)
     params = sampling_params(req, max_tokens=_max_tokens(state, req), logprobs=req.logprobs,
                              defaults=state.generation_defaults)
-    prompts = _prompts(state, req)
+    prompts = await _prompts(state, req)
     params = constrain(params, structured_from(req))   # response_format / structured_outputs
     request_id = new_request_id("cmpl")
     gen = await Generation.start(state, request_id, prompts, params)

@@ -20,18 +20,23 @@ from specserve.server.serving_chat import render_chat
 TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
 
 
-def tokenize_request(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
+async def tokenize_request(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
     state.check_model(req.model)
     if isinstance(req, TokenizeChatRequest):
         if req.add_generation_prompt and req.continue_final_message:
             raise bad_request("add_generation_prompt and continue_final_message cannot both be true",
                               "continue_final_message")
-        text, param = render_chat(state, req), "messages"
+        text, param = await render_chat(state, req), "messages"
     else:
         text, param = req.prompt, "prompt"
     check_text(text, param)
-    ids = list(state.tokenizer(text, add_special_tokens=req.add_special_tokens)["input_ids"])
+    ids = await state.preprocess.run(_all_ids, state.tokenizer, text, req.add_special_tokens)
     return TokenizeResponse(count=len(ids), max_model_len=state.engine.info.max_model_len, tokens=ids)
+
+
+def _all_ids(tokenizer: object, text: str, add_special_tokens: bool) -> list[int]:
+    """Every token id of ``text`` (a worker-thread job: /tokenize counts past max_model_len too)."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])  # type: ignore[operator]
 
 
 def detokenize_request(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
