@@ -82,8 +82,8 @@ def queue_srv(pair: tuple[Path, Path]) -> Iterator[ServerProcess]:
 class Ledger:
     """Counts per area, kept across the session: ``ledger.add("load", "requests", 300)``."""
 
-    AREAS = ("load", "disconnects", "hostile input", "fuzz", "overload", "engine faults", "auth",
-             "shutdown")
+    AREAS = ("load", "disconnects", "hostile input", "stalls", "hardening", "fuzz", "overload",
+             "engine faults", "auth", "shutdown")
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}

@@ -115,6 +115,7 @@ def test_fault_without_exit_stays_unhealthy_and_stops_on_sigterm(pair, ledger) -
     _assert_failed_cleanly(outcomes)
     assert health.status_code == 503 and state["engine_dead"] and FAULT in state["dead_error"]
     assert state["num_unfinished_requests"] == 0 and state["num_free_blocks"] == state["num_total_blocks"]
+    assert state["draft_prob_bytes"] == 0, state  # fail_all() refreshes the counters (issue 16)
     assert again.status_code == 503
     assert refused.status_code == 503 and refusal_seconds < 1.0
     assert code == 0

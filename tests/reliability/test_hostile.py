@@ -115,6 +115,26 @@ CASES: list[tuple[str, str, Body, int, str, Optional[str]]] = [
     ("max_tokens Infinity", CMPL, _raw('{"prompt": "a", "max_tokens": Infinity}'), 400, "max_tokens",
      "max_tokens"),
     ("seed NaN", CMPL, _raw('{"prompt": "a", "seed": NaN}'), 400, "seed", "seed"),
+    # strict types (issue 16): no string -> number or number -> bool coercion
+    ("max_tokens as a string", CMPL, {**G, "max_tokens": "4"}, 400, "valid integer", "max_tokens"),
+    ("max_tokens true", CMPL, {**G, "max_tokens": True}, 400, "valid integer", "max_tokens"),
+    ("max_tokens 4.0", CMPL, {**G, "max_tokens": 4.0}, 400, "valid integer", "max_tokens"),
+    ("stream 'yes'", CMPL, {**G, "stream": "yes"}, 400, "valid boolean", "stream"),
+    ("stream 1 (chat)", CHAT, {**C, "stream": 1}, 400, "valid boolean", "stream"),
+    ("temperature as a string", CMPL, {**G, "temperature": "0.5"}, 400, "valid number", "temperature"),
+    ("n as a string", CHAT, {**C, "n": "2"}, 400, "valid integer", "n"),
+    ("logprobs 'true' (chat)", CHAT, {**C, "logprobs": "true"}, 400, "valid boolean", "logprobs"),
+    ("include_usage 'yes'", CMPL, {**G, "stream": True, "stream_options": {"include_usage": "yes"}}, 400,
+     "valid boolean", "stream_options.include_usage"),
+    # chat templates sent by the client: refused without --trust-request-chat-template
+    ("chat_template", CHAT, {**C, "chat_template": "{{ messages }}"}, 400, "trust-request-chat-template",
+     "chat_template"),
+    ("chat_template_kwargs.chat_template", CHAT, {**C, "chat_template_kwargs": {"chat_template":
+     "{{ 'def f(x): ' * 1000000 }}"}}, 400, "trust-request-chat-template", "chat_template_kwargs.chat_template"),
+    # big texts refused by their length in characters, before tokenization
+    ("375 kB prompt", CMPL, {**G, "prompt": "def add(a, b): " * 25_000}, 400, "characters", "prompt"),
+    ("360 kB chat message", CHAT, {**C, "messages": [{"role": "user", "content": "hello " * 60_000}]}, 400,
+     "characters", "messages"),
 ]
 
 

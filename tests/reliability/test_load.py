@@ -129,8 +129,9 @@ def test_load_with_preemption_is_exact_and_leaves_nothing(pair, eos_id, ledger) 
     jobs = [(configs[i % len(configs)], rng.random() < 0.5) for i in range(NUM_REQUESTS)]
     rng.shuffle(jobs)
     # 20 blocks x 8 tokens = 160 slots for up to 64 running sequences of up to ~150 slots each
+    # (max_model_len is lowered to the 157 that one request can use: --auto-fit-max-model-len)
     with start_server(pair, "--block-size", "8", "--num-kv-blocks", "20", "--max-num-seqs", "64",
-                      "--max-waiting-requests", "1024") as srv:
+                      "--max-waiting-requests", "1024", "--auto-fit-max-model-len") as srv:
         before = scrape(srv.url)
         outcomes = asyncio.run(_run_all(srv.url, srv.headers, jobs))
         after = scrape(srv.url)
