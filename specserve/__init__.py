@@ -12,3 +12,13 @@ Imports point one way: server -> engine -> kernels; bench -> engine -> kernels.
 """
 
 __version__ = "0.1.0"
+
+# A source checkout used without installing (``PYTHONPATH=.``, the GPU machine's runs): the
+# subpackages are the folders beside this one, so they join this package's search path. An
+# installed copy (wheel or editable) has them in place and is left alone.
+from pathlib import Path as _Path
+
+_here = _Path(__file__).resolve().parent
+if not (_here / "server").is_dir() and (_here.parent / "engine" / "__init__.py").is_file():
+    __path__.append(str(_here.parent))  # noqa: F821 (the package's own __path__)
+del _Path, _here
