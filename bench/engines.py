@@ -72,9 +72,11 @@ class ModelCache:
 
     def core(self, target_dir: str, draft_dir: Optional[str], k: int, num_kv_blocks: int,
              load_format: str, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-             block_size: int = 16) -> EngineCore:
-        """An EngineCore over cached models; ``draft_dir=None`` or ``k=0``: no speculation."""
-        spec_cfg = SpeculativeConfig(draft_dir, k) if draft_dir and k else SpeculativeConfig()
+             block_size: int = 16, speculative_k: str = "fixed") -> EngineCore:
+        """An EngineCore over cached models; ``draft_dir=None`` or ``k=0``: no speculation.
+        ``speculative_k``: ``fixed`` (always k: what the e2e section measures) or ``adaptive``."""
+        spec_cfg = (SpeculativeConfig(draft_dir, k, speculative_k=speculative_k) if draft_dir and k
+                    else SpeculativeConfig())
         config = EngineConfig(model=target_dir, speculative=spec_cfg, dtype=self.dtype_name,
                               load_format=load_format, device=str(self.device),
                               kernel_backend=self.kernel_backend, seed=self.seed,
