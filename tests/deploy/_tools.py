@@ -113,11 +113,12 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
             for p in dashboard()["panels"] for t in p.get("targets", [])]
 
 
-def concrete(expr: str, rate_interval: str = "1m") -> str:
-    """What Grafana would send with every variable on "All": $__rate_interval and $var replaced."""
+def concrete(expr: str, rate_interval: str = "1m", prefix: str = "specserve") -> str:
+    """What Grafana would send with the metric prefix ``prefix`` and every other variable on "All":
+    ${prefix}, $__rate_interval and $var replaced."""
     import re
 
-    expr = expr.replace("$__rate_interval", rate_interval)
+    expr = expr.replace("${prefix}", prefix).replace("$__rate_interval", rate_interval)
     return re.sub(r"\$\{?(\w+)\}?", ".*", expr)
 
 

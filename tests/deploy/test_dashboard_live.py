@@ -1,10 +1,15 @@
 """Every dashboard query returns data from a real Prometheus scraping a real `specserve serve`.
 
-The test builds a tiny target/draft pair, starts `specserve serve` (k = 3, CPU) and Prometheus
-(scrape every second, with deploy/prometheus/specserve-rules.yml loaded) on 127.0.0.1, drives 20
-requests, then evaluates every dashboard expression, every template-variable query and the
+The test builds a tiny target/draft pair, starts `specserve serve` (k = 3, CPU, adaptive k) and
+Prometheus (scrape every second, with deploy/prometheus/specserve-rules.yml loaded) on 127.0.0.1,
+drives 20 requests, then evaluates every dashboard expression, every template-variable query and the
 recording rules. The acceptance panels must agree with the server's own per-request numbers: the
-``usage.spec_decode`` blocks of the responses.
+``usage.spec_decode`` blocks of the responses; the prefix-cache, chosen-k and draft/target-time
+panels with the server's own /metrics counters.
+
+The requests are unseeded: adaptive k pins seeded requests at temperature > 0 to k = 0 (plain
+decoding), which would leave the speculation panels empty. The completions share a three-block
+prompt prefix, so the prefix cache has hits.
 
 Why the comparison can be tight: the counters exist at 0 before the load, both numerator and
 denominator are scraped at the same instants, and the rate window covers the whole run, so
@@ -34,6 +39,7 @@ MODEL = "tiny-pair"
 NUM_REQUESTS = 20
 WINDOW = "10m"      # $__rate_interval stand-in: longer than the whole test, so it spans the run
 REL_TOL = 1e-6
+SHARED_PREFIX = "def shared_helper(values):\n    total = 0\n    for v in values:\n        total += v\n"
 
 
 def free_port() -> int:
@@ -180,8 +186,9 @@ def one_request(url: str, i: int) -> dict:
             "messages": [{"role": "user", "content": f"Write a loop number {i}"}],
             "max_completion_tokens": 12 + i}
     else:
-        path, body = "/v1/completions", {"prompt": f"def f{i}(x):\n    return", "max_tokens": 12 + i}
-    body.update(model=MODEL, temperature=0.8, seed=i, ignore_eos=True)
+        path, body = "/v1/completions", {"prompt": f"{SHARED_PREFIX}def f{i}(x):\n    return",
+                                         "max_tokens": 12 + i}
+    body.update(model=MODEL, temperature=0.8, ignore_eos=True)  # no seed: see the module docstring
     r = httpx.post(url + path, json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -225,7 +232,9 @@ def test_every_dashboard_query_returns_data(prometheus: str, load: list[dict]) -
 def test_template_variable_queries_find_the_server(prometheus: str, server: str, load: list[dict]) -> None:
     import httpx
 
-    for var in dashboard()["templating"]["list"][1:]:
+    variables = [v for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    assert [v["name"] for v in variables] == ["model_name", "instance"]
+    for var in variables:
         q = var["query"]["query"]                      # label_values(<selector>, <label>)
         selector, label = q[len("label_values("):-1].rsplit(", ", 1)
         r = httpx.get(f"{prometheus}/api/v1/series", params={"match[]": concrete(selector)}, timeout=10)
@@ -247,7 +256,8 @@ def test_acceptance_panels_agree_with_the_responses(prometheus: str, load: list[
     (rate,) = panel_value(prometheus, "Acceptance rate")
     assert float(rate["value"][1]) == pytest.approx(accepted / draft_tokens, rel=REL_TOL)
 
-    per_request = [u["acceptance_length"] for u in load]
+    per_request = [u["acceptance_length"] for u in load if u["acceptance_length"] is not None]
+    assert per_request
     assert all(1.0 <= x <= K + 1 for x in per_request)
     (mean,) = panel_value(prometheus, "Acceptance length: aggregate and per request", "per-request mean")
     assert float(mean["value"][1]) == pytest.approx(sum(per_request) / len(per_request), rel=REL_TOL)
@@ -256,7 +266,8 @@ def test_acceptance_panels_agree_with_the_responses(prometheus: str, load: list[
     got = {int(s["metric"]["position"]): float(s["value"][1]) for s in positions}
     assert sorted(got) == list(range(K))
     for i in range(K):
-        expected = sum(u["accepted_per_position"][i] for u in load) / drafts
+        # a request whose steps all drafted fewer than K tokens reports a shorter list
+        expected = sum(u["accepted_per_position"][i] for u in load if i < len(u["accepted_per_position"])) / drafts
         assert got[i] == pytest.approx(expected, rel=REL_TOL, abs=1e-12), i
     assert all(got[i] >= got[i + 1] for i in range(K - 1)), "per-position acceptance never rises"
 
@@ -270,3 +281,46 @@ def test_recording_rules_agree_on_real_metrics(prometheus: str, load: list[dict]
     assert value == pytest.approx(1 + accepted / drafts, rel=REL_TOL)
     positions = query(prometheus, "model_name_position:specserve_spec_decode_acceptance_rate_per_position:rate5m")
     assert len(positions) == K
+
+
+def server_counter(server: str, name: str) -> float:
+    """One sample of the server's own /metrics (the default prefix)."""
+    import httpx
+
+    text = httpx.get(f"{server}/metrics", timeout=10).text
+    (line,) = [x for x in text.splitlines() if x.startswith(f"specserve:{name}{{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_new_panels_agree_with_the_server(prometheus: str, server: str, load: list[dict]) -> None:
+    """Prefix-cache hit rate, chosen k, draft/target time and the speed-up gauges, against /metrics."""
+    hits, queries = server_counter(server, "prefix_cache_hits_total"), server_counter(server, "prefix_cache_queries_total")
+    assert 0 < hits < queries, "the shared prompt prefix should hit the prefix cache"
+    (hit_rate,) = panel_value(prometheus, "Prefix-cache hit rate")
+    assert float(hit_rate["value"][1]) == pytest.approx(hits / queries, rel=REL_TOL)
+
+    k_sum, k_count = server_counter(server, "spec_decode_chosen_k_sum"), server_counter(server, "spec_decode_chosen_k_count")
+    assert k_count > 0 and 0 < k_sum <= K * k_count, "adaptive k chose drafts for some steps"
+    (mean_k,) = panel_value(prometheus, "Chosen k over time", "mean k")
+    assert float(mean_k["value"][1]) == pytest.approx(k_sum / k_count, rel=REL_TOL)
+    (zero_share,) = panel_value(prometheus, "Chosen k over time", "share at k = 0")
+    assert 0 <= float(zero_share["value"][1]) < 1
+    cells = panel_value(prometheus, "Chosen k distribution")
+    assert {s["metric"]["le"] for s in cells} >= {"0.0", f"{K}.0", "+Inf"}
+
+    for phase in ("draft", "target"):
+        name = f"spec_decode_{phase}_time_per_step_seconds"
+        (series,) = panel_value(prometheus, "Draft vs target time per step", f"{phase} mean")
+        expected = server_counter(server, f"{name}_sum") / server_counter(server, f"{name}_count")
+        assert float(series["value"][1]) == pytest.approx(expected, rel=REL_TOL) and expected > 0
+    (share,) = panel_value(prometheus, "Draft share of step time")
+    assert 0 < float(share["value"][1]) < 1
+
+    for which in ("predicted", "measured"):
+        (dial,) = panel_value(prometheus, "Predicted vs measured speed-up", which)
+        assert float(dial["value"][1]) == pytest.approx(server_counter(server, f"spec_decode_{which}_speedup"))
+        assert float(dial["value"][1]) > 0
+
+    for title in ("Time to first token heatmap", "Inter-token latency heatmap", "End-to-end latency heatmap"):
+        cells = panel_value(prometheus, title)
+        assert "+Inf" in {s["metric"]["le"] for s in cells} and any(float(s["value"][1]) > 0 for s in cells), title

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.deploy._tools import concrete, dashboard_queries
 from tests.deploy.test_dashboard_live import (MODEL, WINDOW, checkpoints, one_request, query,  # noqa: F401
                                               run_prometheus, run_server, scalar, wait_until)
 
@@ -117,3 +118,13 @@ def test_queries_written_for_vllm_return_data(vllm_prometheus: str, vllm_load: N
     assert not query(vllm_prometheus, '{__name__=~"specserve:.+"}'), "no specserve: names with the vllm prefix"
     hit_rate = scalar(vllm_prometheus, "sum(vllm:prefix_cache_hits_total) / sum(vllm:prefix_cache_queries_total)")
     assert 0 < hit_rate < 1
+
+
+def test_the_dashboard_with_prefix_vllm_returns_data(vllm_prometheus: str, vllm_load: None) -> None:
+    """The dashboard's `prefix` variable set to vllm: every panel reads the vllm: series."""
+    empty = []
+    for title, ref, expr in dashboard_queries():
+        q = concrete(expr, WINDOW, prefix="vllm")
+        if not query(vllm_prometheus, q):
+            empty.append(f"{title} [{ref}]: {q}")
+    assert not empty, "dashboard queries without data under prefix vllm:\n" + "\n".join(empty)
