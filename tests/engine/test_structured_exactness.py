@@ -55,7 +55,8 @@ def constrained_probs(oracle: Oracle, ctx: tuple[int, ...], temperature: float, 
 
 
 def _sample(pair, num_requests: int, n: int, length: int, k: int = K, **params):
-    kw = dict(draft_model=pair[1], num_speculative_tokens=k) if k else {}
+    # fixed k: seeded sampled requests would be pinned to k = 0 by adaptive k (no drafts to test)
+    kw = dict(draft_model=pair[1], num_speculative_tokens=k, speculative_k="fixed") if k else {}
     llm = LLM(pair[0], device="cpu", max_num_seqs=256, max_num_batched_tokens=4096, **kw)
     sp = [SamplingParams(n=n, seed=7_000 * (r + 1), max_tokens=length + 1, structured_outputs=GRAMMAR,
                          **params) for r in range(num_requests)]
@@ -104,7 +105,8 @@ def test_acceptance_stays_high_under_the_grammar(pair):
 
 
 def _sample_free(pair):
-    llm = LLM(pair[0], draft_model=pair[1], num_speculative_tokens=K, device="cpu", max_num_seqs=256)
+    llm = LLM(pair[0], draft_model=pair[1], num_speculative_tokens=K, speculative_k="fixed", device="cpu",
+              max_num_seqs=256)
     sp = [SamplingParams(n=16, seed=7_000 * (r + 1), max_tokens=7, ignore_eos=True, temperature=1.0)
           for r in range(16)]
     outs = llm.generate([list(PROMPT)] * 16, sp)

@@ -32,8 +32,10 @@ def tiny_pair(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 def server_argv(tiny_pair: tuple[Path, Path], *extra: str) -> list[str]:
     target, draft = tiny_pair
+    # fixed k: these tests check speculation's plumbing (drafts, acceptance, metrics); with the
+    # tiny pair (draft as costly as the target) adaptive k rightly chooses not to draft
     return ["--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", str(K),
-            "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), *extra]
+            "--speculative-k", "fixed", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), *extra]
 
 
 @pytest.fixture(scope="session")

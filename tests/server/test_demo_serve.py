@@ -59,8 +59,10 @@ def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # one torch thread: far faster than two on a small CPU shared with other work (MODEL_CARD.md)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log_path, "wb") as log:
+        # fixed k: the tests measure the pair's acceptance, which needs drafts every step (adaptive
+        # k pins seeded sampling to k = 0 and may choose 0 on a CPU shared with other work)
         proc = subprocess.Popen([sys.executable, "-m", "specserve.server.cli", "serve", "--port", str(port),
-                                 "--device", "cpu"], cwd=REPO, env=env, stdout=log,
+                                 "--device", "cpu", "--speculative-k", "fixed"], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
