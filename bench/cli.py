@@ -40,3 +40,15 @@ def run_bench(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from specserve.bench.main import run
 
     return run(opts, command=shlex.join(["specserve", *sys.argv[1:]]) if sys.argv else "specserve bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specserve.bench.cli ...``: the same flags, without importing the server (a
+    machine without fastapi / uvicorn can run every section but ``serve``)."""
+    p = argparse.ArgumentParser(prog="specserve bench")
+    add_arguments(p)
+    return run_bench(p.parse_args(argv), {})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ import traceback
 from typing import Callable
 
 from specserve.bench.timing import environment
-from specserve.bench import sections_load, sections_models, sections_sampler
+from specserve.bench import sections_adaptive, sections_load, sections_models, sections_sampler
 from specserve.bench.context import BenchContext
 from specserve.bench.options import SECTIONS, BenchOptions
 from specserve.bench.plots import make_plots
@@ -21,12 +21,14 @@ SECTION_FUNCS: dict[str, Callable[[BenchContext], Section]] = {
     "e2e": sections_load.e2e,
     "peer": sections_load.peer,
     "serve": sections_load.serve,
+    "adaptive": sections_adaptive.adaptive,
 }
 NUMBER = {name: i + 1 for i, name in enumerate(SECTIONS)}   # the numbering
 TITLES = {"roofline": "Batch-1 decode vs the bandwidth roofline",
           "verify": "Verification and draft step cost at batch 1",
           "sampler": "Rejection sampler: time and bytes", "e2e": "End to end with and without speculation",
-          "peer": "Peer: HF transformers assisted generation", "serve": "Throughput under load"}
+          "peer": "Peer: HF transformers assisted generation", "serve": "Throughput under load",
+          "adaptive": "Adaptive k vs no speculation and fixed k"}
 
 
 def _settings(ctx: BenchContext) -> dict:

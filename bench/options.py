@@ -6,7 +6,10 @@ import argparse
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
 
-SECTIONS = ("roofline", "verify", "sampler", "e2e", "peer", "serve")
+SECTIONS = ("roofline", "verify", "sampler", "e2e", "peer", "serve", "adaptive")
+# what runs without --sections: adaptive (about 7 minutes on an H100 by itself) is asked for by name
+DEFAULT_SECTIONS = SECTIONS[:6]
+ADAPTIVE_TARGETS = ("1.7b", "4b")
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class BenchOptions:
     kernel_backend: str = "auto"
     enforce_eager: bool = False
     quick: bool = False
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
     seed: int = 0
     k: int = 4
     batch_sizes: tuple[int, ...] = (1, 16, 64)
@@ -41,6 +44,19 @@ class BenchOptions:
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
     cpu_threads: Optional[int] = None       # torch intra-op threads on CPU (None: torch's default)
+    # section adaptive (bench/adaptive.py): the GPU preset fits one H100 in about 7 minutes
+    adaptive_target: str = "1.7b"           # dummy target shape (ADAPTIVE_TARGETS)
+    adaptive_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
+    adaptive_ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    adaptive_prompt_len: int = 32
+    adaptive_output_len: int = 32           # tokens per request, at least
+    adaptive_cell_tokens: int = 128         # tokens per cell, at least (batch 1 runs 128 steps' worth)
+    adaptive_mid_layers: int = 4            # the truncated draft's layers
+    adaptive_late_scale: float = 0.05       # the target's later layers' output scale
+    adaptive_ramp_requests: int = 256
+    adaptive_ramp_output_len: int = 128
+    adaptive_ramp_rate: float = 2.0         # arrivals per plain decode step while climbing
+    adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.sections) - set(SECTIONS))
@@ -52,6 +68,12 @@ class BenchOptions:
             raise ValueError("give both --pair-target and --pair-draft, or neither (demo pair)")
         if min(self.batch_sizes) < 1 or min(self.serve_concurrency) < 1:
             raise ValueError("batch sizes and concurrencies must be positive")
+        if self.adaptive_target not in ADAPTIVE_TARGETS:
+            raise ValueError(f"--adaptive-target must be one of {', '.join(ADAPTIVE_TARGETS)}")
+        if min(self.adaptive_ks) < 1 or max(self.adaptive_ks) > 16 or min(self.adaptive_batch_sizes) < 1:
+            raise ValueError("--adaptive-ks must lie in 1..16 and --adaptive-batch-sizes be positive")
+        if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
+            raise ValueError("--adaptive-mid-layers, --adaptive-ramp-requests and the ramp rate must be positive")
 
     def requests_for(self, concurrency: int) -> int:
         if self.serve_requests is not None:
@@ -66,7 +88,10 @@ class BenchOptions:
 QUICK = dict(batch_sizes=(1, 4), prompt_len=16, output_len=16, max_model_len=256, decode_warmup=2,
              decode_steps=8, warmup=1, repeats=3, verify_ks=(2, 4, 8), verify_context=32,
              bandwidth_bytes=32 << 20, bandwidth_repeats=5, peer_repeats=1,
-             serve_concurrency=(1, 4), serve_output_len=8, serve_timeout=120.0, cpu_threads=1)
+             serve_concurrency=(1, 4), serve_output_len=8, serve_timeout=120.0, cpu_threads=1,
+             adaptive_batch_sizes=(1, 4), adaptive_ks=(1, 2, 4), adaptive_prompt_len=8,
+             adaptive_output_len=8, adaptive_cell_tokens=16, adaptive_mid_layers=1,
+             adaptive_ramp_requests=8, adaptive_ramp_output_len=8, adaptive_ramp_rate=1.0)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -93,8 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: Triton on CUDA, the PyTorch reference on CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU smoke run)")
-    p.add_argument("--sections", type=_sections, default=SECTIONS,
-                   help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--sections", type=_sections, default=DEFAULT_SECTIONS,
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but adaptive)")
     p.add_argument("--seed", type=int, default=None, help="seeds dummy weights and prompts (default 0)")
     p.add_argument("--k", type=int, default=None, help="draft tokens per step (default 4)")
     p.add_argument("--batch-sizes", type=_ints, default=None, help="e2e batch sizes (1,16,64)")
@@ -115,6 +140,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads on CPU (--quick: 1; tiny ops on a busy machine run far "
                         "faster single-threaded)")
     p.add_argument("--no-plots", action="store_true", help="write the JSON and Markdown only")
+    a = p.add_argument_group("section adaptive (issue 14; run it with --sections adaptive)")
+    a.add_argument("--adaptive-target", choices=ADAPTIVE_TARGETS, default=None,
+                   help="dummy target shape: Qwen3-1.7B-like (default) or Qwen3-4B-like")
+    a.add_argument("--adaptive-batch-sizes", type=_ints, default=None, help="default 1,4,16,64,256")
+    a.add_argument("--adaptive-ks", type=_ints, default=None, help="fixed k measured (default 1..8; k_max = the largest)")
+    a.add_argument("--adaptive-prompt-len", type=int, default=None, help="default 32")
+    a.add_argument("--adaptive-output-len", type=int, default=None, help="tokens per request, at least (default 32)")
+    a.add_argument("--adaptive-cell-tokens", type=int, default=None,
+                   help="tokens per cell, at least: small batches run longer requests (default 128)")
+    a.add_argument("--adaptive-mid-layers", type=int, default=None,
+                   help="layers of the truncated draft copied from the target (default 4)")
+    a.add_argument("--adaptive-late-scale", type=float, default=None,
+                   help="scale of the target's later layers' output projections (default 0.05)")
+    a.add_argument("--adaptive-ramp-requests", type=int, default=None, help="requests of the ramp = its peak batch (256)")
+    a.add_argument("--adaptive-ramp-output-len", type=int, default=None, help="tokens per ramp request (128)")
+    a.add_argument("--adaptive-ramp-rate", type=float, default=None,
+                   help="ramp arrivals per plain decode step while climbing (2)")
+    a.add_argument("--no-adaptive-exact-widths", dest="adaptive_exact_widths", action="store_const",
+                   const=False, default=None,
+                   help="fixed k uses the adaptive engine's padded verification widths")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:

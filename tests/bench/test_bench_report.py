@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.bench.options import SECTIONS, options_from_args
+from specserve.bench.options import DEFAULT_SECTIONS, SECTIONS, options_from_args
 from specserve.bench.report import Column, Section, at_least, at_most, markdown_table, within
 from specserve.server.cli import build_parser
 
@@ -51,7 +51,12 @@ def test_bench_is_a_specserve_subcommand_with_quick_preset():
     full = options_from_args(_parse("--out", "/tmp/x", "--batch-sizes", "1,8", "--sections", "roofline,e2e"))
     assert full.batch_sizes == (1, 8) and full.sections == ("roofline", "e2e")
     assert full.serve_concurrency == (1, 16, 64) and full.output_len == 128
-    assert options_from_args(_parse("--out", "/tmp/x")).sections == SECTIONS
+    assert options_from_args(_parse("--out", "/tmp/x")).sections == DEFAULT_SECTIONS
+    assert set(SECTIONS) - set(DEFAULT_SECTIONS) == {"adaptive"}      # asked for by name only
+    ada = options_from_args(_parse("--out", "/tmp/x", "--sections", "adaptive", "--adaptive-ks", "1,2",
+                                   "--no-adaptive-exact-widths"))
+    assert ada.sections == ("adaptive",) and ada.adaptive_ks == (1, 2) and not ada.adaptive_exact_widths
+    assert ada.adaptive_batch_sizes == (1, 4, 16, 64, 256)
 
 
 def test_bad_options_are_refused():

@@ -228,3 +228,76 @@ def test_a_failing_pair_is_contained_and_fails_the_run(tmp_path):
     assert len(failed) == 1 and "missing-t" in failed[0]["label"], failed
     md = (out / "bench.md").read_text()
     assert "## 4. End to end" in md and "**failed:**" in md
+
+
+# ---- section adaptive (issue 14) -------------------------------------------------------------
+ADAPTIVE_KS = (1, 2, 4)          # the --quick preset
+
+
+@pytest.fixture(scope="module")
+def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench-adaptive") / "out"
+    cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
+           "--sections", "adaptive"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return {"out": out, "doc": json.loads((out / "bench.json").read_text()),
+            "md": (out / "bench.md").read_text(), "stderr": proc.stderr, "seconds": seconds}
+
+
+def test_adaptive_grid_rows_and_goals(adaptive_run):
+    assert adaptive_run["seconds"] < 90, "the --quick adaptive section should take well under a minute"
+    s = _section(adaptive_run, "adaptive")
+    cells = [r for r in s["rows"] if "ramp" not in r["pair"]]
+    assert len(cells) == 3 * 2 * 2                          # pairs x temperatures x batch sizes
+    assert {(r["temperature"], r["batch"]) for r in cells} == {(t, b) for t in (0.0, 1.0) for b in ("1", "4")}
+    for r in s["rows"]:
+        fixed = {k: r[f"k{k}"] for k in ADAPTIVE_KS}
+        assert all(v > 0 for v in fixed.values()) and r["plain"] > 0 and r["adaptive"] > 0, r
+        best = max(fixed, key=fixed.get)
+        assert r["best_fixed_k"] == best
+        assert r["adaptive_over_plain"] == pytest.approx(r["adaptive"] / r["plain"])
+        assert r["adaptive_over_best_fixed"] == pytest.approx(r["adaptive"] / fixed[best])
+        ramp = "ramp" in r["pair"]
+        met = r["adaptive_over_best_fixed"] >= (1.0 if ramp else 0.95) and \
+            (ramp or r["adaptive_over_plain"] >= 0.97)
+        assert (r["status"] == "met") == met, r
+        assert met or "missed" in r["status"]
+
+
+def test_adaptive_pairs_accept_as_built(adaptive_run):
+    d = _section(adaptive_run, "adaptive")["data"]
+    acc = d["acceptance"]
+    assert set(acc) == {"unrelated", "self", "mid"}
+    # fp32 greedy: the target drafting for itself is accepted everywhere, an unrelated draft nowhere
+    assert all(a == 1.0 for a in acc["self"]["0.0"]["per_position"])
+    assert acc["unrelated"]["0.0"]["per_position"][0] < 0.2
+    assert 0 < d["models"]["bytes_ratio"]["mid"] < 1 and d["models"]["softened_layers"] == 3
+    for pair, grid in d["grid"].items():
+        for c in [f"k{k}" for k in ADAPTIVE_KS] + ["adaptive"]:
+            for t, by_batch in grid[c].items():
+                for b, row in by_batch.items():
+                    assert row["decode_tokens"] > 0 and row["tok_per_s"] > 0, (pair, c, t, b)
+                    if c.startswith("k"):     # a fixed run drafts exactly k (less only near the end)
+                        hist = row["chosen_k"]
+                        assert max(i for i, n in enumerate(hist) if n) == int(c[1:]), (pair, c, hist)
+        assert d["calibration"][pair]["batches"], pair
+
+
+def test_adaptive_ramp_and_files(adaptive_run):
+    d = _section(adaptive_run, "adaptive")["data"]
+    ramp = d["ramp"]
+    assert set(ramp) == {"plain", "adaptive"} | {f"k{k}" for k in ADAPTIVE_KS}
+    n, length = d["settings"]["ramp_requests"], d["settings"]["ramp_output_len"]
+    for c, r in ramp.items():
+        assert r["tokens"] == n * length, c                  # every request ran to its length
+        assert 1 < r["peak_batch"] <= n and r["tok_per_s"] > 0
+    md = adaptive_run["md"]
+    assert "## 7. Adaptive k" in md and "ramp 1 -> " in md
+    for name in ("adaptive_unrelated.png", "adaptive_self.png", "adaptive_mid.png", "adaptive_ramp.png"):
+        assert (adaptive_run["out"] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"]({name})" in md
+    assert "== section adaptive ==" in adaptive_run["stderr"]

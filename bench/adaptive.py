@@ -1,0 +1,355 @@
+"""Adaptive k (issue 14) measured: decode tokens/s of no speculation, every fixed k and adaptive.
+
+Three pairs share one dummy target: an unrelated dummy draft (acceptance ~0), the target drafting
+for itself (acceptance ~1) and a *truncated* draft in between. The truncated draft is the target's
+first ``mid_layers`` decoder layers plus its embedding, final norm and LM head, the weights copied
+from the loaded target. Random layers each add a term of about the same size to the residual
+stream, so a prefix of a random model predicts the whole one poorly; a trained model's later layers
+refine rather than rewrite. The target is therefore made that way: its layers from ``mid_layers``
+on have their output projections (``o_proj``, ``down_proj``) scaled by ``late_scale`` before any
+engine is built. ``late_scale`` sets the acceptance (measured and reported per cell); the draft's
+cost ratio is what its bytes say (layers + LM head).
+
+One engine per pair, built with k_max = max(ks) in adaptive mode (start-up calibration included).
+A fixed-k run swaps in a controller that forces k for every row (and, with CUDA graphs, a
+verification graph of exactly k + 1 tokens per row when the runner has none: what an engine
+started with ``--num-speculative-tokens k --speculative-k fixed`` captures); the adaptive
+controller, its acceptance estimates and its cost model are left untouched by those runs.
+No speculation is a plain engine without a draft.
+
+The ramp: ``ramp_requests`` requests of ``ramp_output_len`` tokens each arrive one by one on a
+token clock (request i once the engine has committed about sum_{j<i} j / ramp_rate tokens, i.e.
+one arrival per 1/ramp_rate plain decode steps), so the batch climbs from 1 to its peak and, as
+they finish first-in first-out, back down to 1. The clock counts committed tokens, so every
+configuration sees the same overlap of requests whatever its speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from specserve.bench import shapes
+from specserve.bench.engines import GenerationRun, ModelCache, free_device_memory, random_prompts
+from specserve.engine.core import EngineCore
+from specserve.engine.spec_control import KController
+from specserve.engine.types import SamplingParams, SpecDecodeStats
+
+# Qwen3-1.7B: 28 layers, hidden 2048, 16 q heads / 8 kv heads of 128, MLP 6144, tied LM head.
+QWEN3_17B_LIKE = shapes.ModelShape("qwen3-1.7b-like", 2048, 28, 16, 8, 128, 6144, 151936, True)
+QWEN3_4B_LIKE = shapes.ModelShape("qwen3-4b-like", 2560, 36, 32, 8, 128, 9728, 151936, True)
+TARGETS = {"1.7b": QWEN3_17B_LIKE, "4b": QWEN3_4B_LIKE}
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    batch_sizes: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    ks: tuple[int, ...]              # fixed k measured; k_max of the engines = max(ks)
+    prompt_len: int
+    output_len: int                  # per request, at least
+    cell_tokens: int                 # a cell generates at least this many tokens (small batches run longer)
+    mid_layers: int
+    late_scale: float
+    ramp_requests: int
+    ramp_output_len: int
+    ramp_rate: float                 # arrivals per plain decode step during the climb
+    seed: int = 0
+
+    @property
+    def k_max(self) -> int:
+        return max(self.ks)
+
+    def output_len_for(self, batch: int) -> int:
+        return max(self.output_len, -(-self.cell_tokens // batch))
+
+
+# ---- the pairs ---------------------------------------------------------------------------------
+def truncated_shape(target: shapes.ModelShape, layers: int) -> shapes.ModelShape:
+    return replace(target, name=f"{target.name}-first{layers}", num_layers=layers)
+
+
+@torch.no_grad()
+def soften_late_layers(model, first: int, scale: float) -> int:
+    """Scale the residual-stream writes (o_proj, down_proj) of layers ``first..`` by ``scale``."""
+    n = 0
+    for layer in list(model.layers)[first:]:
+        layer.self_attn.o_proj.weight.mul_(scale)
+        layer.mlp.down_proj.weight.mul_(scale)
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def copy_prefix(target, draft) -> int:
+    """Copy every parameter of ``draft`` (a truncated target) from the target's same-named one."""
+    src = dict(target.named_parameters())
+    n = 0
+    for name, p in draft.named_parameters():
+        p.copy_(src[name])
+        n += p.numel()
+    return n
+
+
+def param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# ---- one controller per kind of run --------------------------------------------------------------
+@contextlib.contextmanager
+def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KController]:
+    """Every row drafts ``k`` (``k`` = 0 is not used: no speculation is the plain engine); the
+    verification graph of width k + 1 from ``extra_graphs`` (when there is one) is made visible."""
+    sc = core.spec_control
+    saved = sc.controller
+    ctl = KController(saved.k_max, "fixed", None)
+    ctl.force = lambda row: k
+    sc.controller = ctl
+    runner = core.runner
+    key = ("target", k + 1)
+    added = key in extra_graphs and key not in runner.graphs
+    if added:
+        runner.graphs[key] = extra_graphs[key]
+    try:
+        yield ctl
+    finally:
+        sc.controller = saved
+        if added:
+            del runner.graphs[key]
+
+
+def capture_exact_widths(core: EngineCore, ks: tuple[int, ...], log: Callable[[str], None]) -> dict:
+    """Verification graphs at widths k + 1 the runner lacks (CUDA graphs only), kept aside."""
+    runner = core.runner
+    base = runner.graphs.get(("target", 1)) if runner.graphs else None
+    if base is None:
+        return {}
+    from specserve.engine.runner.cuda_graphs import GraphedForward
+
+    out, pool = {}, base.pool
+    for k in ks:
+        q = k + 1
+        if ("target", q) in runner.graphs:
+            continue
+        t0 = time.perf_counter()
+        g = GraphedForward(runner.target, runner.target_kv, q, base.buckets[-1],
+                           base.block_tables.shape[1], base.max_model_len, runner.block_size,
+                           runner.device)
+        g.pool = pool
+        g.capture()
+        pool = g.pool
+        out[("target", q)] = g
+        log(f"adaptive: verification graph of width {q} for fixed k={k} captured in "
+            f"{time.perf_counter() - t0:.1f}s")
+    return out
+
+
+# ---- generation ----------------------------------------------------------------------------------
+@dataclass
+class CellRun:
+    run: GenerationRun
+    chosen_k: list[int] = field(default_factory=list)     # histogram over k = 0..k_max (per row-step)
+
+    def as_dict(self) -> dict:
+        d = self.run.as_dict()
+        d["chosen_k"] = self.chosen_k
+        return d
+
+
+def _params(temperature: float, max_tokens: int) -> SamplingParams:
+    # unseeded: seeded sampled requests are pinned to k = 0 by design (docs/speculation.md)
+    return SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+
+
+def _count(hist: list[int], ks: list[int]) -> None:
+    for k in ks:
+        while len(hist) <= k:
+            hist.append(0)
+        hist[k] += 1
+
+
+def generate(core: EngineCore, prompts: list[list[int]], temperature: float, output_len: int,
+             tag: str) -> CellRun:
+    """All prompts at once, exactly ``output_len`` tokens each; tokens/s of the decode phase."""
+    params = _params(temperature, output_len)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"{tag}-{i}", prompt, params)
+    run = GenerationRun(len(prompts), output_len)
+    cell = CellRun(run)
+    started: set[str] = set()
+    t_start = time.perf_counter()
+    t_decode: Optional[float] = None
+    at_decode = 0
+    while core.has_unfinished():
+        outs, stats = core.step()
+        run.num_steps += 1
+        run.total_tokens += stats.num_generation_tokens
+        run.spec.merge(stats.spec_decode)
+        if t_decode is not None:
+            run.decode_steps += 1
+            _count(cell.chosen_k, stats.spec_chosen_k)
+        for out in outs:
+            if out.outputs[0].token_ids:
+                started.add(out.request_id)
+        if t_decode is None and len(started) == len(prompts):
+            t_decode, at_decode = time.perf_counter(), run.total_tokens
+    t_end = time.perf_counter()
+    run.total_seconds = t_end - t_start
+    if t_decode is not None:
+        run.decode_seconds = t_end - t_decode
+        run.decode_tokens = run.total_tokens - at_decode
+    return cell
+
+
+def cell_row(cell: CellRun) -> dict:
+    r = cell.run
+    return {"tok_per_s": r.decode_tok_per_s, "acceptance_length": r.spec.acceptance_length,
+            "decode_steps": r.decode_steps, "decode_tokens": r.decode_tokens,
+            "decode_seconds": r.decode_seconds, "chosen_k": cell.chosen_k,
+            "spec_decode": r.spec.as_dict()}
+
+
+def conditional_rates(spec: SpecDecodeStats) -> list[float]:
+    """a_j = P(position j accepted | 1..j-1 accepted), from a run where every draft had k drafts."""
+    out, prev = [], spec.num_drafts
+    for n in spec.accepted_per_pos:
+        out.append(n / prev if prev else float("nan"))
+        prev = n
+    return out
+
+
+# ---- a grid for one engine -----------------------------------------------------------------------
+Progress = Callable[[str], None]
+
+
+def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: list[str],
+                 extra_graphs: dict, progress: Progress) -> dict:
+    """``{config: {temperature: {batch: row}}}`` for configs among "plain", "k<n>", "adaptive"."""
+    vocab = core.info.vocab_size
+    out: dict = {c: {} for c in configs}
+    warm = random_prompts(min(4, max(s.batch_sizes)), s.prompt_len, vocab, s.seed + 999)
+    for t in s.temperatures:
+        for c in configs:        # a short warm-up per configuration and temperature
+            with _config(core, c, extra_graphs):
+                generate(core, warm, t, 8, f"{label}-{c}-warm-{t}")
+        for b in s.batch_sizes:
+            prompts = random_prompts(b, s.prompt_len, vocab, s.seed + 1000 * b)
+            n = s.output_len_for(b)
+            line = []
+            for c in configs:
+                with _config(core, c, extra_graphs):
+                    cell = generate(core, prompts, t, n, f"{label}-{c}-{t}-{b}")
+                row = cell_row(cell)
+                out[c].setdefault(t, {})[b] = row
+                line.append(f"{c} {_fmt(row['tok_per_s'])}")
+            progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): " + ", ".join(line))
+    return out
+
+
+@contextlib.contextmanager
+def _config(core: EngineCore, config: str, extra_graphs: dict) -> Iterator[None]:
+    if config.startswith("k"):
+        with fixed_k(core, int(config[1:]), extra_graphs):
+            yield
+    else:
+        yield
+
+
+# ---- the ramp ------------------------------------------------------------------------------------
+def ramp_arrivals(s: AdaptiveSettings) -> list[float]:
+    """Token-clock threshold of each arrival: one per 1/ramp_rate plain steps at the current batch."""
+    out, clock = [], 0.0
+    for i in range(s.ramp_requests):
+        out.append(clock)
+        clock += (i + 1) / s.ramp_rate
+    return out
+
+
+def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str) -> dict:
+    """Staggered arrivals, fixed lengths, first in first out: the batch goes 1 -> peak -> 1."""
+    vocab = core.info.vocab_size
+    prompts = random_prompts(s.ramp_requests, s.prompt_len, vocab, s.seed + 4242)
+    arrivals = ramp_arrivals(s)
+    params = _params(temperature, s.ramp_output_len)
+    nxt, tokens, steps = 0, 0, 0
+    trace: list[tuple[float, int, int]] = []      # (seconds, running, batch k)
+    chosen: list[int] = []
+    spec = SpecDecodeStats()
+    t0 = time.perf_counter()
+    while nxt < len(prompts) or core.has_unfinished():
+        while nxt < len(prompts) and (arrivals[nxt] <= tokens or not core.has_unfinished()):
+            core.add_request(f"{tag}-{nxt}", prompts[nxt], params)
+            nxt += 1
+        _, stats = core.step()
+        steps += 1
+        tokens += stats.num_generation_tokens
+        spec.merge(stats.spec_decode)
+        _count(chosen, stats.spec_chosen_k)
+        trace.append((time.perf_counter() - t0, stats.num_running,
+                      max(stats.spec_chosen_k, default=0)))
+    seconds = time.perf_counter() - t0
+    peak = max((r for _, r, _ in trace), default=0)
+    return {"tok_per_s": tokens / seconds if seconds > 0 else None, "tokens": tokens,
+            "seconds": seconds, "steps": steps, "peak_batch": peak,
+            "acceptance_length": spec.acceptance_length, "chosen_k": chosen,
+            "trace": [[round(t, 4), r, k] for t, r, k in trace[::max(1, len(trace) // 400)]]}
+
+
+def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extra_graphs: dict,
+                 temperature: float, label: str, progress: Progress) -> dict:
+    out = {}
+    # mixed prefill + decode steps appear only here: compile their kernels before timing
+    warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
+    for c in configs:
+        with _config(core, c, extra_graphs):
+            run_ramp(core, warm, temperature, f"{label}-ramp-warm-{c}")
+            r = run_ramp(core, s, temperature, f"{label}-ramp-{c}")
+        out[c] = r
+        progress(f"adaptive ramp {label} {c}: {_fmt(r['tok_per_s'])} tok/s over {r['seconds']:.1f}s, "
+                 f"peak batch {r['peak_batch']}")
+    return out
+
+
+# ---- engines -------------------------------------------------------------------------------------
+def kv_blocks(s: AdaptiveSettings, block_size: int = 16) -> int:
+    """Blocks for the largest simultaneous load: a grid cell or the ramp's peak (explicit, so
+    several engines can coexist without sizing their caches from free memory)."""
+    def per(output_len: int) -> int:
+        return -(-(s.prompt_len + output_len + 2 * (s.k_max + 1)) // block_size) + 1
+
+    need = [b * per(s.output_len_for(b)) for b in s.batch_sizes]
+    need.append(s.ramp_requests * per(s.ramp_output_len))
+    return max(need) + 8
+
+
+def build_core(cache: ModelCache, target: str, draft: Optional[str], s: AdaptiveSettings) -> EngineCore:
+    max_seqs = max(max(s.batch_sizes), s.ramp_requests)
+    tokens = max(2048, max_seqs * (s.k_max + 1) + 64)
+    return cache.core(target, draft, s.k_max if draft else 0, kv_blocks(s), "dummy",
+                      max_num_seqs=max_seqs, max_num_batched_tokens=tokens,
+                      speculative_k="adaptive")
+
+
+def drop(core: Optional[EngineCore], device: torch.device) -> None:
+    del core
+    free_device_memory(device)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:,.1f}"
+
+
+def model_dirs(root: Path, target: shapes.ModelShape, draft: shapes.ModelShape,
+               mid_layers: int) -> dict[str, str]:
+    """Checkpoint directories (no weights) of the target, the unrelated draft and the truncated
+    draft, sharing one tokenizer."""
+    tok = shapes.build_tokenizer(target.vocab_size)
+    mid = truncated_shape(target, mid_layers)
+    return {"target": str(shapes.write_checkpoint(root / target.name, target, tok)),
+            "unrelated": str(shapes.write_checkpoint(root / draft.name, draft, tok)),
+            "mid": str(shapes.write_checkpoint(root / mid.name, mid, tok))}
