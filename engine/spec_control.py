@@ -232,7 +232,13 @@ class KController:
     """Chooses each step's k; ``force`` (tests) overrides it: ``force(row) -> k`` per row."""
 
     HYSTERESIS = 1.03        # a new k must promise this much more than the current one
-    EXPLORE_EVERY = 50       # steps at k = 0 before one probing step at k = 1
+    # Leaving k = 0 costs more than the model's step times show: every row's draft KV must first
+    # catch up on the tokens committed while nobody drafted (one draft prefill per row), so a
+    # switch up from 0 must promise a clear gain. Measured on an H100 (8B-like target, batch 16):
+    # near-ties flipping in and out of 0 made adaptive 0.46x plain with a self-draft.
+    LEAVE_ZERO = 1.15
+    EXPLORE_EVERY = 50       # steps at k = 0 before the first probing step at k = 1 ...
+    EXPLORE_MAX = 800        # ... doubling after each probe that does not pay, up to this
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -241,6 +247,7 @@ class KController:
         self.force: Optional[Callable[[Row], int]] = None
         self.current = k_max if mode == "fixed" else min(k_max, 2)
         self.steps_at_zero = 0
+        self.explore_every = self.EXPLORE_EVERY
         self.last: Optional[Decision] = None
         self.measured_tps: Optional[_Ema] = None   # committed tokens/s of decode steps
         self.plain_tps: Optional[_Ema] = None      # predicted plain tokens/s at the same batches
@@ -265,14 +272,18 @@ class KController:
                          for r, a in zip(rows, rates))
             goodput.append(tokens / self.cost.step_seconds(batch, max(k, pin)))
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
-        if goodput[best] < goodput[self.current] * self.HYSTERESIS:
+        margin = self.LEAVE_ZERO if self.current == 0 else self.HYSTERESIS
+        if goodput[best] < goodput[self.current] * margin:
             best = self.current
         if best == 0:
             self.steps_at_zero += 1
-            if self.steps_at_zero >= self.EXPLORE_EVERY:   # refresh the acceptance estimates
+            if self.steps_at_zero >= self.explore_every:   # refresh the acceptance estimates
                 self.steps_at_zero, best = 0, 1
+                self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
         else:
             self.steps_at_zero = 0
+            if self.current != 0:                          # speculation paid beyond a probe
+                self.explore_every = self.EXPLORE_EVERY
         self.current = best
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None

@@ -100,6 +100,26 @@ def test_exploration_after_a_long_stretch_at_zero():
         ctl.acceptance.record("x", 0, K, 0)
     ks = [_decide(ctl, 1) for _ in range(ctl.EXPLORE_EVERY + 1)]
     assert ks.count(1) == 1 and ks.count(0) == ctl.EXPLORE_EVERY
+    # probes that do not pay come ever more rarely: 50, then 100, 200, ... steps apart, at most 800
+    ks = [_decide(ctl, 1) for _ in range(2000)]
+    probes = [i for i, k in enumerate(ks) if k == 1]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[0] > ctl.EXPLORE_EVERY and max(gaps) <= ctl.EXPLORE_MAX + 1
+    assert len(probes) <= 6
+
+
+def test_leaving_zero_needs_a_clear_gain():
+    """A batch at k = 0 stays there on a near-tie (the draft KV's catch-up is not free)."""
+    ctl = KController(K, "adaptive", CostModel(_cal(1.0)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, K)       # every draft accepted, but draft = target cost
+    ctl.current = 0
+    assert _decide(ctl, 1) == 0
+    cheap = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(200):
+        cheap.acceptance.record("x", 0, K, K)
+    cheap.current = 0
+    assert _decide(cheap, 1) > 0
 
 
 def test_online_cells_replace_the_calibration():
