@@ -4,11 +4,8 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0
-# The checkout's folders form the specserve.* namespace (pyproject's package-dir); without an
-# install, a link tree gives the same names: /tmp/ns/specserve/{server,engine,kernels,bench}.
-mkdir -p /tmp/ns/specserve && cp specserve/__init__.py /tmp/ns/specserve/
-for d in server engine kernels bench; do ln -sfn "$PWD/$d" "/tmp/ns/specserve/$d"; done
-export PYTHONPATH="/tmp/ns:$PWD"
+# uninstalled: specserve/__init__.py finds server/, engine/, kernels/, bench/ beside it
+export PYTHONPATH="$PWD"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
@@ -25,7 +22,7 @@ if [[ "$what" == *tests* ]]; then
 fi
 if [[ "$what" == *bench* ]]; then
   # the device returns at most 8 files: the report and log loose, everything (JSON, plots) in a tarball
-  timeout "${GPU_BENCH_TIMEOUT:-420}" python3 -m specserve.server.cli bench --out /tmp/bench "$@" 2>&1 | tee "$OUT/bench.log"
+  timeout "${GPU_BENCH_TIMEOUT:-420}" python3 -m specserve.bench.cli --out /tmp/bench "$@" 2>&1 | tee "$OUT/bench.log"
   cp /tmp/bench/bench.md "$OUT/" 2>/dev/null
   tar czf "$OUT/bench.tgz" -C /tmp bench
 fi
