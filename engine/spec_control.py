@@ -49,6 +49,16 @@ def temperature_bucket(temperature: float) -> int:
     return len(TEMPERATURE_BUCKETS) - 1
 
 
+def expected_tokens_table(rates: list[float]) -> list[float]:
+    """[E(0), E(1), ..., E(len(rates))] in one pass (E as in :func:`expected_tokens`)."""
+    out, e, run = [1.0], 1.0, 1.0
+    for a in rates:
+        run *= a
+        e += run
+        out.append(e)
+    return out
+
+
 def expected_tokens(rates: list[float], k: int) -> float:
     """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: tokens one verification of k drafts commits."""
     e, run = 1.0, 1.0
@@ -65,8 +75,15 @@ class _Rates:
     def __init__(self, k_max: int, start: list[float]):
         self.value = list(start)
         self.count = [0] * k_max
+        self._table: Optional[list[float]] = None   # E(0..k_max), until the next update
+
+    def table(self) -> list[float]:
+        if self._table is None:
+            self._table = expected_tokens_table(self.rates())
+        return self._table
 
     def update(self, num_drafts: int, accepted: int, weight: float, rate_floor: float) -> None:
+        self._table = None
         for j in range(min(accepted + 1, num_drafts)):
             x = 1.0 if j < accepted else 0.0
             self.count[j] += 1
@@ -105,6 +122,11 @@ class AcceptanceModel:
     def rates(self, request_id: str, bucket: int) -> list[float]:
         own = self.per_request.get(request_id)
         return (own or self.shared[bucket]).rates()
+
+    def table(self, request_id: str, bucket: int) -> list[float]:
+        """E(0..k_max) for this request (cached until its estimates change)."""
+        own = self.per_request.get(request_id)
+        return (own or self.shared[bucket]).table()
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)
@@ -264,13 +286,9 @@ class KController:
         if not self.adaptive or self.cost is None:
             return self._keep(Decision([min(self.k_max, r.budget) for r in rows], self.k_max))
         batch = len(rows)
-        rates = [self.acceptance.rates(r.request_id, r.bucket) for r in rows]
         pin = max((r.pinned for r in rows if r.pinned is not None), default=0)
-        goodput = []
-        for k in range(self.k_max + 1):
-            tokens = sum(expected_tokens(a, min(r.pinned if r.pinned is not None else k, r.budget))
-                         for r, a in zip(rows, rates))
-            goodput.append(tokens / self.cost.step_seconds(batch, max(k, pin)))
+        tokens = self._expected_tokens_by_k(rows)
+        goodput = [tokens[k] / self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
         margin = self.LEAVE_ZERO if self.current == 0 else self.HYSTERESIS
         if goodput[best] < goodput[self.current] * margin:
@@ -288,6 +306,30 @@ class KController:
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
+
+    def _expected_tokens_by_k(self, rows: list[Row]) -> list[float]:
+        """Sum over rows of E(min(k, budget)) (pinned rows: their pin) for every batch k.
+
+        Runs every step, so it is O(rows x k_max): one E table per distinct (rates, budget, pin);
+        rows without their own history share their temperature bucket's table."""
+        free = []                          # rows that take whatever k the batch takes
+        groups: dict = {}                  # the others: (table, budget, pin) -> rows
+        for r in rows:
+            table = self.acceptance.table(r.request_id, r.bucket)
+            if r.pinned is None and r.budget >= self.k_max:
+                free.append(table)
+                continue
+            key = (id(table), r.budget, r.pinned)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [table, r, 1]
+            else:
+                g[2] += 1
+        total = [sum(col) for col in zip(*free)] if free else [0.0] * (self.k_max + 1)
+        for table, r, n in groups.values():
+            for k in range(self.k_max + 1):
+                total[k] += n * table[min(r.pinned if r.pinned is not None else k, r.budget)]
+        return total
 
     def _keep(self, d: Decision) -> Decision:
         self.last = d

@@ -138,3 +138,21 @@ def test_unpadded_costs_interpolate():
     assert cost.device_seconds(1, 2, 0) == pytest.approx(0.015)           # width 3: halfway
     assert cost.device_seconds(16, 0, 2) == pytest.approx(0.02 + 2 * 0.004)
     assert cost.device_seconds(32, 0, 0) == pytest.approx(0.04)           # proportional beyond
+
+
+def test_batch_expected_tokens_equal_the_formula_row_by_row():
+    """The per-step sum (grouped, cached E tables) equals summing E(min(k, budget)) row by row."""
+    import random
+
+    rng = random.Random(0)
+    ctl = KController(K, "adaptive", CostModel(_cal(0.1)))
+    rows = [Row(f"r{i}", rng.randrange(4), rng.randrange(K + 2),
+                pinned=0 if rng.random() < 0.2 else None) for i in range(40)]
+    for r in rows[:25]:
+        for _ in range(rng.randrange(1, 5)):
+            ctl.acceptance.record(r.request_id, r.bucket, K, rng.randrange(K + 1))
+    got = ctl._expected_tokens_by_k(rows)
+    for k in range(K + 1):
+        want = sum(expected_tokens(ctl.acceptance.rates(r.request_id, r.bucket),
+                                   min(r.pinned if r.pinned is not None else k, r.budget)) for r in rows)
+        assert got[k] == pytest.approx(want, rel=1e-12)
