@@ -75,6 +75,11 @@ class SpeculativeConfig:
         if not isinstance(raw, dict):
             raise ConfigError("--speculative-config must be a JSON object")
         method = raw.pop("method", "draft_model")
+        draft_tp = raw.pop("tensor_parallel_size", 1)   # vLLM's key: the draft's own TP size
+        if draft_tp != 1 or isinstance(draft_tp, bool):
+            raise ConfigError(f"--speculative-config tensor_parallel_size {draft_tp!r} is not supported: "
+                              "the draft runs unsplit on rank 0 (only 1 is accepted); split the "
+                              "target with --tensor-parallel-size")
         if method != "draft_model":
             raise ConfigError(f"--speculative-config method {method!r} is not supported; use 'draft_model'")
         known = {"model", "num_speculative_tokens", "rejection_sample_method", "draft_sample_method",
@@ -113,6 +118,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int = 1024
     enforce_eager: bool = False
+    # ranks the target is split over (one process each; rank 0 runs the engine and the draft)
+    tensor_parallel_size: int = 1
     # a KV cache too small for one max_model_len request: "allow" (requests that do not fit are
     # refused one by one), "refuse" to start, or "lower" max_model_len to what fits (with a warning)
     kv_shortfall: KVShortfall = "allow"
@@ -138,6 +145,9 @@ class EngineConfig:
             raise ConfigError("--load-format must be auto, safetensors or dummy")
         if self.kernel_backend not in ("auto", "torch", "triton"):
             raise ConfigError("--kernel-backend must be auto, torch or triton")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            raise ConfigError("--tensor-parallel-size must be a positive integer")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be positive")
         if self.kv_shortfall not in ("allow", "refuse", "lower"):

@@ -205,6 +205,20 @@ def fit_max_model_len(config: EngineConfig, blocks: int, max_len: int, num_spec:
                       "(--kv-cache-memory, --gpu-memory-utilization or --num-kv-blocks)")
 
 
+def _launch_tp(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+               backend: str, rope_len: int):
+    """--tensor-parallel-size > 1: spawn ranks 1..tp-1 (engine/distributed/); else None."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return None
+    from specserve.engine.distributed.launch import check_split, launch
+
+    check_split(spec, tp, device)
+    log.info("tensor parallel: splitting the target over %d ranks (the draft stays on rank 0)", tp)
+    return launch(tp, spec, device, dtype, backend, rope_len, config.load_format, config.seed,
+                  config.block_size)
+
+
 def load_models(config: EngineConfig) -> LoadedModels:
     device = pick_device(config.device)
     target_path = resolve_model_path(config.model, "target")
@@ -226,19 +240,25 @@ def load_models(config: EngineConfig) -> LoadedModels:
     rope_len = max_len + num_spec + 1
     log.info("loading target %s (%s) on %s in %s, kernels: %s", target_path, target_spec.architecture,
              device, str(dtype).replace("torch.", ""), backend)
-    target = load_model(target_spec, device, dtype, rope_len, config.load_format, config.seed)
+    tp = _launch_tp(config, target_spec, device, dtype, backend, rope_len)   # None at TP = 1
+    target = load_model(target_spec, device, dtype, rope_len, config.load_format, config.seed,
+                        None if tp is None else tp.group)
     draft = None
     if draft_spec:
         log.info("loading draft %s (%s), k=%d, %s rejection sampling, %s drafts", draft_path,
                  draft_spec.architecture, num_spec, spec_cfg.rejection_sample_method,
                  spec_cfg.draft_sample_method)
         draft = load_model(draft_spec, device, dtype, rope_len, config.load_format, config.seed + 1)
-    specs = [s for s in (target_spec, draft_spec) if s]
+    # rank 0 holds its share of the target KV (kv_spec under TP) and the whole draft KV
+    specs = [s for s in (getattr(target, "kv_spec", target_spec), draft_spec) if s]
     blocks = _num_blocks(config, specs, dtype, device, max_len)
     max_len = fit_max_model_len(config, blocks, max_len, num_spec)
+    if tp is not None:
+        tp.start(blocks, max_len if device.type == "cuda" else None)
     runner = ModelRunner(target, draft, blocks, config.block_size, dtype, device, num_spec, max_len,
                          spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
-                         config.max_num_seqs, config.enforce_eager or backend != "triton")
+                         config.max_num_seqs, config.enforce_eager or backend != "triton" or tp is not None,
+                         tp=tp)
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,

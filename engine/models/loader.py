@@ -95,6 +95,11 @@ def _load_weights(model: LlamaFamilyModel, spec: ModelSpec) -> None:
                 param_name, shard = route
                 param = params[param_name]
                 tensor = f.get_tensor(name)
+                loader = getattr(param, "weight_loader", None)   # tensor-parallel shards
+                if loader is not None:
+                    loader(param, tensor, shard)
+                    loaded.add((param_name, shard))
+                    continue
                 dst = param.data if shard is None else param.data[slice(*_shard_bounds(spec, param_name, shard))]
                 if dst.shape != tensor.shape:
                     raise ValueError(f"{file.name}:{name} has shape {tuple(tensor.shape)}, expected "
@@ -127,15 +132,22 @@ def _dummy_weights(model: LlamaFamilyModel, seed: int) -> None:
 
 @torch.no_grad()
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, max_positions: int,
-               load_format: str = "auto", seed: int = 0) -> LlamaFamilyModel:
-    """Instantiate ``spec`` on ``device`` in ``dtype`` and fill its weights."""
+               load_format: str = "auto", seed: int = 0, group=None) -> LlamaFamilyModel:
+    """Instantiate ``spec`` on ``device`` in ``dtype`` and fill its weights.
+
+    ``group`` (a TPGroup of more than one rank): build and load only this rank's shard."""
     t0 = time.monotonic()
     cos_sin, _ = rope_tables(spec, max_positions)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaFamilyModel(spec, cos_sin.to(device))
+            if group is None:
+                model = LlamaFamilyModel(spec, cos_sin.to(device))
+            else:
+                from specserve.engine.models.parallel_llama import ParallelLlamaModel
+
+                model = ParallelLlamaModel(spec, cos_sin.to(device), group)
     finally:
         torch.set_default_dtype(old)
     model.cos_sin_cache = cos_sin.to(device=device, dtype=torch.float32)

@@ -38,8 +38,9 @@ class ModelRunner:
     def __init__(self, target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], num_blocks: int,
                  block_size: int, dtype: torch.dtype, device: torch.device, num_spec: int,
                  max_model_len: int, rejection_method: str, draft_sample_method: str,
-                 max_num_seqs: int = 64, enforce_eager: bool = True):
+                 max_num_seqs: int = 64, enforce_eager: bool = True, tp=None):
         self.target, self.draft = target, draft
+        self.tp = tp   # TPDriver when the target is split over ranks (engine/distributed/), else None
         self.block_size = block_size
         self.device = device
         self.num_spec = num_spec if draft is not None else 0
@@ -47,7 +48,7 @@ class ModelRunner:
         self.rejection_method = rejection_method
         self.store_draft_probs = draft_sample_method == "sample"
         self.vocab_size = target.spec.vocab_size
-        self.target_kv = allocate_kv(target.spec, num_blocks, block_size, dtype, device)
+        self.target_kv = allocate_kv(getattr(target, "kv_spec", target.spec), num_blocks, block_size, dtype, device)
         self.draft_kv = allocate_kv(draft.spec, num_blocks, block_size, dtype, device) if draft else []
         self.graphs: dict[tuple[str, int], GraphedForward] = {}
         max_blocks = min(num_blocks, -(-(max_model_len + self.num_spec + 1) // block_size))
@@ -131,6 +132,8 @@ class ModelRunner:
 
     def _forward(self, which: str, items: list[ForwardItem]) -> Optional[torch.Tensor]:
         """Logits [sum(num_logits), V] for ``items`` (None when no item wants logits)."""
+        if self.tp is not None and which == "target":
+            self.tp.send(items)   # the other ranks run their shard of this forward with us
         graph = self._graph_for(which, items)
         if graph is not None:
             return graph.run(items)

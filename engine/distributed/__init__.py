@@ -1,0 +1,1 @@
+"""Tensor parallelism for the target model: process groups, worker processes, their step loop."""
