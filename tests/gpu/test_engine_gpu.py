@@ -74,7 +74,9 @@ def _free(llm: LLM) -> None:
 @pytest.mark.parametrize("spec", [False, True])
 def test_cuda_graphs_give_the_same_greedy_tokens_as_eager(real_shapes, spec):
     target, draft = real_shapes
-    kw = dict(draft_model=draft, num_speculative_tokens=4) if spec else {}
+    # fixed k: graphs and eager must run the same steps (adaptive k times them, so it could pick
+    # other widths, whose bf16 rounding differs)
+    kw = dict(draft_model=draft, num_speculative_tokens=4, speculative_k="fixed") if spec else {}
     common = dict(load_format="dummy", device="cuda", num_kv_blocks=512, max_num_seqs=16, **kw)
     eager = _tokens(LLM(target, enforce_eager=True, **common))
     graphed_llm = LLM(target, enforce_eager=False, **common)
@@ -89,8 +91,9 @@ def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes)
     after the host read) runs twice from the same draft KV: replayed as CUDA graphs and run
     eagerly; drafts, probabilities and the KV written must be identical."""
     target, draft = real_shapes
-    llm = LLM(target, draft_model=draft, num_speculative_tokens=4, load_format="dummy",
-              device="cuda", num_kv_blocks=512, max_num_seqs=16)
+    # fixed k: with this random draft adaptive k would (rightly) never launch the program
+    llm = LLM(target, draft_model=draft, num_speculative_tokens=4, speculative_k="fixed",
+              load_format="dummy", device="cuda", num_kv_blocks=512, max_num_seqs=16)
     runner = llm.core.runner
     loop, kv = runner.draft_loop, runner.draft_kv
     assert loop.graphs, "the draft program was not captured"
@@ -136,6 +139,7 @@ def _divergence(a: list[int], b: list[int]):
 
 
 def test_spec_decode_matches_plain_greedy_at_real_shapes_fp32(real_shapes):
+    """With the default adaptive k (which k each step took depends on measured step times)."""
     target, draft = real_shapes
     common = dict(load_format="dummy", device="cuda", dtype="float32", num_kv_blocks=512, max_num_seqs=16)
     plain = _tokens(LLM(target, **common))
