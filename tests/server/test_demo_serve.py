@@ -9,6 +9,7 @@ completions of Python prompts look like Python, and speculative decoding actuall
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -51,18 +52,17 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The subprocess server's base URL; its log is shown if it fails to start."""
+@contextlib.contextmanager
+def _demo_server(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[str]:
+    """``specserve serve --device cpu FLAGS`` in a subprocess; its base URL once /health answers
+    (its log is shown if it fails to start)."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("demo-serve") / "server.log"
     # one torch thread: far faster than two on a small CPU shared with other work (MODEL_CARD.md)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with open(log_path, "wb") as log:
-        # fixed k: the tests measure the pair's acceptance, which needs drafts every step (adaptive
-        # k pins seeded sampling to k = 0 and may choose 0 on a CPU shared with other work)
         proc = subprocess.Popen([sys.executable, "-m", "specserve.server.cli", "serve", "--port", str(port),
-                                 "--device", "cpu", "--speculative-k", "fixed"], cwd=REPO, env=env, stdout=log,
+                                 "--device", "cpu", *flags], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -81,6 +81,27 @@ def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # fixed k: the tests measure the pair's acceptance, which needs drafts every step (adaptive
+    # k pins seeded sampling to k = 0 and may choose 0 on a CPU shared with other work)
+    with _demo_server(tmp_path_factory, "--speculative-k", "fixed") as url:
+        yield url
+
+
+def test_the_readme_command_serves_with_adaptive_k(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``specserve serve`` exactly as the README runs it (no flags but the CPU device): adaptive k
+    calibrated at start-up, and a completion served."""
+    with _demo_server(tmp_path_factory) as url:
+        out = httpx.post(f"{url}/v1/completions", json={"model": "demo", "prompt": "def add(a, b):",
+                                                         "max_tokens": 24, "temperature": 0}, timeout=60)
+        assert out.status_code == 200, out.text
+        assert out.json()["usage"]["completion_tokens"] == 24
+        spec = httpx.get(f"{url}/debug/state", timeout=10).json()["speculation"]
+        assert spec["mode"] == "adaptive" and spec["k_max"] == 4
+        assert spec["cost"]["calibration"]["target_seconds"], spec
 
 
 def _complete(url: str, **body) -> dict:
