@@ -189,8 +189,10 @@ def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:
         desc = f"{why}: {Path(dirs[0]).name} + {Path(dirs[1]).name}"
     c = max(o.serve_concurrency)
     per_seq = -(-(o.prompt_len + o.serve_output_len + 2 * (o.k + 1)) // 16) + 1
+    # fixed k, like the e2e section: these rows measure the pair at k; the adaptive section
+    # measures adaptive k against every fixed k
     argv = ["--model", dirs[0], "--draft-model", dirs[1], "--num-speculative-tokens", str(o.k),
-            "--device", str(ctx.device), "--dtype", ctx.dtype, "--kernel-backend", o.kernel_backend,
+            "--speculative-k", "fixed", "--device", str(ctx.device), "--dtype", ctx.dtype, "--kernel-backend", o.kernel_backend,
             "--num-kv-blocks", str(c * per_seq + 8), "--max-num-seqs", str(c),
             "--max-model-len", str(min(o.max_model_len, _max_positions(dirs))),
             "--seed", str(o.seed), *extra]

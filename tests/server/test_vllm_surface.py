@@ -306,7 +306,11 @@ def test_stats_log_lines_from_a_live_server(defaults_server: LiveServer,
         while time.monotonic() < deadline and not any(
                 "spec decode" in m for m in _records(caplog, "specserve.stats")):
             time.sleep(0.1)
-        time.sleep(1.0)   # the idle line follows, then nothing
+        idle = "prompt 0.0 tok/s, generation 0.0 tok/s; running 0, waiting 0"
+        deadline = time.monotonic() + 15   # the idle line follows (however loaded the CPU), then nothing
+        while time.monotonic() < deadline and not any(
+                m.startswith(idle) for m in _records(caplog, "specserve.stats")[-1:]):
+            time.sleep(0.1)
         lines = _records(caplog, "specserve.stats")
         time.sleep(1.0)
         assert _records(caplog, "specserve.stats") == lines
