@@ -42,10 +42,12 @@ def eos_id(pair: tuple[Path, Path]) -> int:
 
 
 def serve_argv(pair: tuple[Path, Path], *extra: str, api_key: str | None = API_KEY) -> list[str]:
-    """``specserve serve`` flags for the pair: speculative decoding with k=3 on CPU."""
+    """``specserve serve`` flags for the pair: speculative decoding with k=3 on CPU (fixed k: these
+    tests need drafts held while they disconnect, preempt and fail; with the tiny pair, whose draft
+    costs as much as its target, adaptive k would rightly draft nothing)."""
     target, draft = pair
     argv = ["--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", str(K),
-            "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", "tiny",
+            "--speculative-k", "fixed", "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", "tiny",
             "--log-level", "warning", "--no-access-log", *extra]
     if api_key:
         argv += ["--api-key", api_key]
