@@ -1,8 +1,12 @@
 """specserve's HTTP face: an OpenAI-compatible FastAPI server over :mod:`engine`.
 
 Modules: ``protocol`` (pydantic request/response schemas), ``errors`` (OpenAI-shaped errors),
-``auth`` (bearer keys), ``tokens`` (token text/bytes for logprobs), ``serving`` (one request's trip
-through the engine: prompts in, RequestOutputs out, disconnect -> abort, SSE framing),
+``auth`` (bearer keys), ``tokens`` (token text/bytes and clamped values for logprobs), ``state``
+(``ServerState``: what every endpoint needs), ``prompt_text`` (text checks, tokenization),
+``sampling`` (request fields -> SamplingParams), ``generation`` (one HTTP request's engine
+requests: started, read and aborted together), ``usage`` (the usage block), ``deltas`` (what a
+stream has sent of each choice), ``sse`` (event framing), ``disconnect`` (client gone -> work
+cancelled), ``respond`` (the tail both endpoints share: a Generation -> an SSE stream or one body),
 ``serving_completions`` / ``serving_chat`` (the two generation endpoints: RequestOutput -> OpenAI
 bodies and stream chunks), ``routes`` (the endpoints), ``metrics`` (the only prometheus_client user),
 ``app`` (``create_app(engine, ...)``) and ``cli`` (``specserve serve``; argv/env -> configs).

@@ -23,7 +23,7 @@ from specserve.server.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 from specserve.server.metrics import ServerMetrics
 from specserve.server.preprocess import DEFAULT_TEMPLATE_TIMEOUT, DEFAULT_WORKERS, Preprocessor
 from specserve.server.routes import build_router
-from specserve.server.serving import ServerState
+from specserve.server.state import ServerState
 from specserve.server.stats_log import StatsLogger
 from specserve.server.tokens import TokenText
 

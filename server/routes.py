@@ -20,7 +20,7 @@ from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResp
                              CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                              HealthResponse, ModelCard, ModelList, SpeculativeInfo, TokenizeChatRequest,
                              TokenizeCompletionRequest, TokenizeResponse, VersionResponse)
-from specserve.server.serving import ServerState
+from specserve.server.state import ServerState
 from specserve.server.serving_chat import create_chat_completion
 from specserve.server.serving_completions import create_completion
 from specserve.server.serving_tokenize import detokenize_request, tokenize_request

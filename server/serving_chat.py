@@ -13,15 +13,18 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from specserve.engine.types import Logprob, RequestOutput
+from specserve.server.deltas import ChoiceCursor, new_deltas
 from specserve.server.errors import APIError, bad_request
-from specserve.server.tools import ToolPlan, tool_fields
+from specserve.server.generation import Generation, check_failed, new_request_id
+from specserve.server.prompt_text import check_text, tokenize
 from specserve.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest,
                              ChatCompletionResponse, ChatCompletionStreamResponse, ChatLogprobEntry,
-                             ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob)
-from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
-                            ServerState, check_failed, check_text, clamp_logprob, new_request_id,
-                            sampling_params, sse, stream_chunks, tokenize, until_disconnect,
-                            usage_options)
+                             ChatResponseMessage, ChatStreamChoice, DeltaMessage, TopLogprob, Usage)
+from specserve.server.respond import respond, stream_events
+from specserve.server.sampling import sampling_params
+from specserve.server.state import ServerState
+from specserve.server.tokens import clamp_logprob
+from specserve.server.tools import ToolPlan, tool_fields
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -120,15 +123,13 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     params = plan.constrain(params)
     request_id = new_request_id("chatcmpl")
     gen = await Generation.start(state, request_id, [(ids, text)], params)
-    if req.stream:
-        return GenerationStreamResponse(_stream(state, req, gen, request_id, plan), gen.close)
-    try:
-        finals = await until_disconnect(http, gen.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        await gen.close()
-    out = finals[0]
+    stream = _stream(state, req, gen, request_id, plan) if req.stream else None
+    return await respond(gen, http, stream,
+                         lambda finals: _full_response(state, req, request_id, finals[0], gen, plan))
+
+
+def _full_response(state: ServerState, req: ChatCompletionRequest, request_id: str, out: RequestOutput,
+                   gen: Generation, plan: ToolPlan) -> ChatCompletionResponse:
     choices = []
     for comp in out.outputs:
         check_failed(comp)
@@ -143,41 +144,32 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                                   prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None)
 
 
-async def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generation,
-                  request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
+def _stream(state: ServerState, req: ChatCompletionRequest, gen: Generation,
+            request_id: str, plan: ToolPlan) -> AsyncIterator[str]:
     created = int(time.time())
-    include_usage, continuous = usage_options(req.stream_options)
 
-    def chunk(choices: list[ChatStreamChoice], with_usage: bool, prompt_ids: Any = None) -> str:
-        body = ChatCompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
-                                            choices=choices, usage=gen.usage() if with_usage else None,
-                                            prompt_token_ids=prompt_ids)
-        return sse(body.model_dump_json())
+    def body(choices: list[ChatStreamChoice], usage: Optional[Usage],
+             prompt_ids: Optional[list[int]] = None) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
+                                            choices=choices, usage=usage, prompt_token_ids=prompt_ids)
 
     cursors = [ChoiceCursor() for _ in range(req.n)]
     streamers = [plan.streamer() for _ in range(req.n)]
 
     def choices_of(_p_idx: int, out: RequestOutput) -> list[ChatStreamChoice]:
         choices = []
-        for comp in out.outputs:
-            check_failed(comp)
-            cursor = cursors[comp.index]
-            if cursor.done:
-                continue
-            text, ids, lps = cursor.advance(comp)
-            if not (text or ids or cursor.done):
-                continue
+        for comp, delta in new_deltas(out, cursors.__getitem__):
+            streamer = streamers[comp.index]
             choices.append(ChatStreamChoice(
-                index=comp.index, delta=DeltaMessage(**streamers[comp.index].delta(text, cursor.done)),
-                logprobs=_logprobs(state, lps) if req.logprobs else None,
-                finish_reason=streamers[comp.index].finish_reason(comp.finish_reason) if cursor.done else None,
-                stop_reason=comp.stop_reason if cursor.done else None,
-                token_ids=ids if req.return_token_ids else None))
+                index=comp.index, delta=DeltaMessage(**streamer.delta(delta.text, delta.done)),
+                logprobs=_logprobs(state, delta.logprobs) if req.logprobs else None,
+                finish_reason=streamer.finish_reason(comp.finish_reason) if delta.done else None,
+                stop_reason=comp.stop_reason if delta.done else None,
+                token_ids=delta.token_ids if req.return_token_ids else None))
         return choices
 
     roles = [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
              for i in range(req.n)]
-    yield chunk(roles, continuous,
-                gen.items[0].prompt_ids if req.return_token_ids else None)
-    async for event in stream_chunks(gen, choices_of, chunk, include_usage, continuous):
-        yield event
+    prompt_ids = gen.items[0].prompt_ids if req.return_token_ids else None
+    return stream_events(gen, req.stream_options, body, choices_of,
+                         opening=lambda usage: body(roles, usage, prompt_ids))

@@ -12,13 +12,17 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from specserve.engine.types import Logprob, RequestOutput
+from specserve.server.deltas import ChoiceCursor, new_deltas
 from specserve.server.errors import bad_request
+from specserve.server.generation import Generation, check_failed, new_request_id
+from specserve.server.prompt_text import tokenize
 from specserve.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                             CompletionStreamResponse)
+                             CompletionStreamResponse, Usage)
+from specserve.server.respond import respond, stream_events
+from specserve.server.sampling import sampling_params
+from specserve.server.state import ServerState
+from specserve.server.tokens import clamp_logprob
 from specserve.server.tools import constrain, structured_from
-from specserve.server.serving import (ChoiceCursor, ClientDisconnected, Generation, GenerationStreamResponse,
-                            ServerState, check_failed, clamp_logprob, new_request_id, sampling_params,
-                            sse, stream_chunks, tokenize, until_disconnect, usage_options)
 
 
 async def _prompts(state: ServerState, req: CompletionRequest) -> list[tuple[list[int], Optional[str]]]:
@@ -104,15 +108,9 @@ async def create_completion(state: ServerState, req: CompletionRequest,
     request_id = new_request_id("cmpl")
     gen = await Generation.start(state, request_id, prompts, params)
     echo = _Echo(state, prompts) if req.echo else None
-    if req.stream:
-        return GenerationStreamResponse(_stream(state, req, gen, request_id, echo), gen.close)
-    try:
-        finals = await until_disconnect(http, gen.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        await gen.close()
-    return _full_response(state, req, request_id, finals, gen, echo)
+    stream = _stream(state, req, gen, request_id, echo) if req.stream else None
+    return await respond(gen, http, stream,
+                         lambda finals: _full_response(state, req, request_id, finals, gen, echo))
 
 
 def _full_response(state: ServerState, req: CompletionRequest, request_id: str,
@@ -133,43 +131,34 @@ def _full_response(state: ServerState, req: CompletionRequest, request_id: str,
                               usage=gen.usage())
 
 
-async def _stream(state: ServerState, req: CompletionRequest, gen: Generation, request_id: str,
-                  echo: Optional[_Echo]) -> AsyncIterator[str]:
+def _stream(state: ServerState, req: CompletionRequest, gen: Generation, request_id: str,
+            echo: Optional[_Echo]) -> AsyncIterator[str]:
     created = int(time.time())
-    include_usage, continuous = usage_options(req.stream_options)
     cursors: dict[int, ChoiceCursor] = {}
     offsets: dict[int, int] = {}
 
-    def chunk(choices: list[CompletionChoice], with_usage: bool) -> str:
-        body = CompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
-                                        choices=choices, usage=gen.usage() if with_usage else None)
-        return sse(body.model_dump_json())
+    def body(choices: list[CompletionChoice], usage: Optional[Usage]) -> CompletionStreamResponse:
+        return CompletionStreamResponse(id=request_id, created=created, model=state.served_model_name,
+                                        choices=choices, usage=usage)
 
     def choices_of(p_idx: int, out: RequestOutput) -> list[CompletionChoice]:
+        def cursor_of(i: int) -> ChoiceCursor:
+            return cursors.setdefault(p_idx * req.n + i, ChoiceCursor())
+
         choices = []
-        for comp in out.outputs:
-            check_failed(comp)
+        for comp, delta in new_deltas(out, cursor_of):
             index = p_idx * req.n + comp.index
-            cursor = cursors.setdefault(index, ChoiceCursor())
-            if cursor.done:
-                continue
-            first = cursor.tokens == 0 and cursor.text == 0
-            text, ids, lps = cursor.advance(comp)
-            if not (text or ids or cursor.done):
-                continue
-            if first and echo:
-                text = echo.text(p_idx) + text
+            text = echo.text(p_idx) + delta.text if delta.first and echo else delta.text
             offset = offsets.get(index, 0)
-            block = _logprobs(state, lps, offset) if req.logprobs is not None else None
+            block = _logprobs(state, delta.logprobs, offset) if req.logprobs is not None else None
             if block:
                 offsets[index] = offset + sum(len(t) for t in block.tokens)
             choices.append(CompletionChoice(
                 index=index, text=text, logprobs=block,
-                finish_reason=str(comp.finish_reason) if cursor.done else None,
-                stop_reason=comp.stop_reason if cursor.done else None,
-                prompt_token_ids=out.prompt_token_ids if first and req.return_token_ids else None,
-                token_ids=ids if req.return_token_ids else None))
+                finish_reason=str(comp.finish_reason) if delta.done else None,
+                stop_reason=comp.stop_reason if delta.done else None,
+                prompt_token_ids=out.prompt_token_ids if delta.first and req.return_token_ids else None,
+                token_ids=delta.token_ids if req.return_token_ids else None))
         return choices
 
-    async for event in stream_chunks(gen, choices_of, chunk, include_usage, continuous):
-        yield event
+    return stream_events(gen, req.stream_options, body, choices_of)

@@ -14,8 +14,9 @@ from typing import Union
 from specserve.server.errors import bad_request
 from specserve.server.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                        TokenizeCompletionRequest, TokenizeResponse)
-from specserve.server.serving import ServerState, check_text
+from specserve.server.prompt_text import check_text
 from specserve.server.serving_chat import render_chat
+from specserve.server.state import ServerState
 
 TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
 

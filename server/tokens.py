@@ -1,12 +1,19 @@
-"""Text and bytes of single tokens, for the logprobs of both APIs (cached per token id)."""
+"""Text and bytes of single tokens, for the logprobs of both APIs (cached per token id), and the
+logprob values as JSON can carry them."""
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Any
 
 _HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; OpenAI clients expect a number
+
+
+def clamp_logprob(value: float) -> float:
+    return value if math.isfinite(value) else LOGPROB_FLOOR
 
 
 @lru_cache(maxsize=1)

@@ -22,7 +22,7 @@ from specserve.engine.setup import resolve_generation_defaults
 from specserve.engine.types import SpecDecodeStats, StepStats
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from specserve.server.cli import build_parser, engine_config
-from specserve.server.serving import sampling_params
+from specserve.server.sampling import sampling_params
 from specserve.server.stats_log import StatsLogger
 from tests.server.conftest import API_KEY, MAX_MODEL_LEN, MODEL, server_argv
 from tests.server.live import LiveServer
