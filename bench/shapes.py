@@ -21,11 +21,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 QWEN_ENDOFTEXT = "<|endoftext|>"
 QWEN_IM_END = "<|im_end|>"
+# architecture -> (config.json "architectures", "model_type")
+ARCHITECTURES = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "llama": ("LlamaForCausalLM", "llama")}
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The architecture numbers of a Qwen3 checkpoint."""
+    """The architecture numbers of a Qwen3 (q/k norms) or Llama checkpoint."""
 
     name: str
     hidden_size: int
@@ -37,16 +39,26 @@ class ModelShape:
     vocab_size: int
     tie_word_embeddings: bool
     max_position_embeddings: int = 40960
+    architecture: str = "qwen3"              # qwen3 | llama
+    rope_theta: float = 1000000.0
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r}: expected one of {sorted(ARCHITECTURES)}")
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture == "qwen3"
 
     @property
     def eos_token_id(self) -> int:
         return _special_ids(self.vocab_size)[QWEN_IM_END]
 
     def num_params(self) -> int:
-        """Parameter count (mirrors engine.models.spec.ModelSpec.num_params, plus q/k norms)."""
+        """Parameter count (mirrors engine.models.spec.ModelSpec.num_params, plus Qwen3's q/k norms)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + 2 * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         return self.num_layers * per_layer + v * h * (1 if self.tie_word_embeddings else 2) + h
 
 
@@ -57,6 +69,12 @@ QWEN3_06B_LIKE = ModelShape("qwen3-0.6b-like", 1024, 28, 16, 8, 128, 3072, 15193
 # --quick (CPU smoke runs): the same structure (GQA, qk-norm, tied draft), tiny numbers.
 TINY_TARGET = ModelShape("tiny-target", 256, 4, 4, 2, 64, 512, 4096, False, 4096)
 TINY_DRAFT = ModelShape("tiny-draft", 64, 2, 2, 1, 32, 128, 4096, True, 4096)
+# Llama-3-8B: 32 layers, hidden 4096, 32 q heads / 8 kv heads of 128, MLP 14336, 128,256 words,
+# untied LM head, RoPE theta 500,000 (no RoPE scaling: Llama 3, not 3.1), no q/k norms.
+LLAMA3_8B_LIKE = ModelShape("llama3-8b-like", 4096, 32, 32, 8, 128, 14336, 128256, False, 8192,
+                            "llama", 500000.0)
+# --quick: the Llama structure (no q/k norms, theta 500,000) at toy size.
+TINY_LLAMA = ModelShape("tiny-llama", 256, 2, 4, 2, 64, 512, 4096, False, 4096, "llama", 500000.0)
 
 
 def _special_ids(vocab_size: int) -> dict[str, int]:
@@ -67,11 +85,12 @@ def _special_ids(vocab_size: int) -> dict[str, int]:
 
 
 def config_dict(shape: ModelShape) -> dict:
-    """A Qwen3ForCausalLM config.json for ``shape`` (bf16, default RoPE, theta 1e6)."""
+    """A Qwen3ForCausalLM or LlamaForCausalLM config.json for ``shape`` (bf16, default RoPE)."""
     special = _special_ids(shape.vocab_size)
+    arch, model_type = ARCHITECTURES[shape.architecture]
     return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [arch],
+        "model_type": model_type,
         "hidden_act": "silu",
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
@@ -83,8 +102,9 @@ def config_dict(shape: ModelShape) -> dict:
         "tie_word_embeddings": shape.tie_word_embeddings,
         "max_position_embeddings": shape.max_position_embeddings,
         "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
+        "rope_theta": shape.rope_theta,
         "attention_bias": False,
+        "mlp_bias": False,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,
