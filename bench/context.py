@@ -70,6 +70,26 @@ class BenchContext:
             self._dummy = (str(t), str(d))
         return self._dummy
 
+    def roofline_shapes(self) -> tuple[shapes.ModelShape, ...]:
+        """The targets the roofline section times (ours and the compiled peer): the dummy target
+        first, then a Llama-3-8B-like one (tiny ones with --quick)."""
+        return (self.dummy_shapes()[0], shapes.TINY_LLAMA if self.opts.quick else shapes.LLAMA3_8B_LIKE)
+
+    def extra_plain_core(self, shape: shapes.ModelShape) -> tuple[Any, ModelCache, str]:
+        """(engine, its model cache, checkpoint dir): a plain engine over a dummy checkpoint of
+        ``shape``, built like ``dummy_core("plain")`` but outside the shared caches. The caller
+        owns it: drop the engine and call ``cache.release()`` when done."""
+        path = shapes.write_checkpoint(self.tmp / "extra" / shape.name, shape)
+        o = self.opts
+        cache = ModelCache(str(self.device), self.dtype, o.kernel_backend, o.max_model_len,
+                           o.enforce_eager, o.seed)
+        mb = self.max_batch()
+        t0 = time.perf_counter()
+        core = cache.core(str(path), None, 0, self.kv_blocks(mb), "dummy", max_num_seqs=max(mb, 1))
+        self.log(f"engine 'plain' on the dummy {shape.name} ready in {time.perf_counter() - t0:.1f}s "
+                 f"({execution_mode(core)['description']})")
+        return core, cache, str(path)
+
     def kv_blocks(self, max_batch: int, block_size: int = 16) -> int:
         """Blocks for ``max_batch`` sequences of prompt + output + 2 (k + 1) tokens (explicit: no
         engine sizes its cache from free memory, so several can coexist)."""

@@ -81,6 +81,32 @@ def test_roofline_numbers_are_consistent(bench_run):
     assert d["decode"]["steps"] == 8 and d["measured_tok_per_s"] > 0
 
 
+def test_roofline_runs_the_compiled_peer_at_both_shapes(bench_run):
+    s = _section(bench_run, "roofline")
+    shapes = s["data"]["shapes"]
+    assert list(shapes) == ["tiny-target", "tiny-llama"]      # the dummy target, then Llama-like
+    for name, r in shapes.items():
+        peer = r["peer"]
+        assert "error" not in peer, peer
+        assert peer["steps"] == 8 and peer["tok_per_s"] > 0
+        assert peer["compile_mode"] in ("default", "eager")   # CPU: no CUDA graphs
+        assert peer["compile_mode"] == "default" or peer["compile_note"], "an eager peer says why"
+        assert peer["ours_over_peer"] == pytest.approx(r["measured_tok_per_s"] / peer["tok_per_s"])
+        assert peer["fraction_of_roofline"] == pytest.approx(peer["tok_per_s"] / r["roofline_tok_per_s"])
+        rows = [row for row in s["rows"] if row["model"] == name]
+        peer_rows = [row for row in rows if row["label"].startswith("peer: compiled PyTorch decode tokens/s")]
+        assert len(peer_rows) == 1 and peer_rows[0]["value"] == peer["tok_per_s"] > 0
+        ratio = next(row for row in rows if row["label"] == f"ours / peer ({name})")
+        assert ratio["goal"] == ">= 1.05x" and ratio["value"] == peer["ours_over_peer"]
+        assert ratio["status"] == ("met" if ratio["value"] >= 1.05 else ratio["status"])
+        assert ratio["status"] == "met" or ratio["status"].startswith("missed: ")
+    # the Llama-like target: untied, no q/k norms (its own parameter count)
+    llama = shapes["tiny-llama"]
+    assert llama["num_parameters"] == 2 * (256 * (256 + 2 * 128) + 256 * 256 + 3 * 256 * 512 + 2 * 256) \
+        + 2 * 4096 * 256 + 256
+    assert "== section roofline ==" in bench_run["stderr"] and "compiled peer" in bench_run["stderr"]
+
+
 def test_verify_rows_and_goal(bench_run):
     s = _section(bench_run, "verify")
     ks = [r["k"] for r in s["data"]["target"]["verify"]]
