@@ -19,8 +19,6 @@ Prometheus's extrapolation scales numerator and denominator alike and cancels in
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +28,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from tests.deploy._tools import RULES, ROOT, concrete, dashboard, dashboard_queries, find_tool
+from tests.deploy._tools import RULES, concrete, dashboard, dashboard_queries, find_tool
+from tests.helpers.server_process import SERVE, ServerProcess, free_port
 
 pytestmark = [pytest.mark.needs_server, pytest.mark.timeout(180)]
 
@@ -40,12 +39,6 @@ NUM_REQUESTS = 20
 WINDOW = "10m"      # $__rate_interval stand-in: longer than the whole test, so it spans the run
 REL_TOL = 1e-6
 SHARED_PREFIX = "def shared_helper(values):\n    total = 0\n    for v in values:\n        total += v\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check, what: str, timeout: float, proc: subprocess.Popen | None = None,
@@ -77,10 +70,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def serve_command() -> list[str]:
+    """The installed ``specserve`` script's ``serve`` (what the image runs), else the module."""
     script = Path(sys.executable).parent / "specserve"
     if script.is_file():
         return [str(script), "serve"]
-    return [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())", "serve"]
+    return list(SERVE)
 
 
 @pytest.fixture(scope="module")
@@ -99,27 +93,14 @@ def run_server(checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPath
                *extra_args: str) -> Iterator[str]:
     """`specserve serve` of the tiny pair on 127.0.0.1 (k = K, CPU) until the generator closes;
     yields its URL. Other live tests reuse it with their own flags (e.g. --metrics-prefix vllm)."""
-    import httpx
-
     target, draft = checkpoints
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = serve_command() + [
-        "--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", str(K),
-        "--served-model-name", MODEL, "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "256", "--seed", "0", *extra_args]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.pop("SPECSERVE_API_KEY", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
-                   f"`{' '.join(cmd)}` to answer /health (the server issue must be in place)",
-                   timeout=90, proc=proc, log=log)
-        yield url
-    finally:
-        stop(proc)
+    argv = ["--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", str(K),
+            "--served-model-name", MODEL, "--device", "cpu", "--max-model-len", "256", "--seed", "0",
+            *extra_args]
+    with ServerProcess(argv, {"TRANSFORMERS_OFFLINE": "1"}, command=serve_command(), log_path=log,
+                       drop_env=("SPECSERVE_API_KEY",)) as srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")

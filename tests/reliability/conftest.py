@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import pytest
 
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
-from tests.reliability.procs import REPO, ServerProcess
+from tests.helpers.server_process import REPO, ServerProcess
 
 API_KEY = "sk-reliability-0123456789abcdef"
 ENV_KEY = "sk-env-" + "7f3a9c" * 6       # a second key, given through SPECSERVE_API_KEY

@@ -15,7 +15,7 @@ import httpx
 
 from specserve.server.auth import APIKeyChecker
 from tests.reliability.conftest import API_KEY, ENV_KEY
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 BODIES = {
     "/v1/completions": {"model": "tiny", "prompt": "def add", "max_tokens": 2},

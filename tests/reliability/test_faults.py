@@ -17,7 +17,7 @@ import httpx
 
 from tests.reliability.clients import Outcome, run_request
 from tests.reliability.conftest import start_server
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 FAULT = "reliability-injected-fault"
 EXIT_ENGINE_FAILED = 4

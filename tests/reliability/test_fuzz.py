@@ -24,7 +24,7 @@ from schemathesis.checks import (
 )
 
 from tests.reliability.conftest import API_KEY, serve_argv, start_server
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 MAX_EXAMPLES = 100
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

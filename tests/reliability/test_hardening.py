@@ -23,7 +23,7 @@ import pytest
 
 from tests.reliability.clients import Outcome, run_request
 from tests.reliability.conftest import API_KEY, BODY_LIMIT, K, serve_argv, start_server
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 ATTEMPTS = 10
 BODY_TIMEOUT = 1.0

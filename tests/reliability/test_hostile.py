@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.reliability.conftest import API_KEY, BODY_LIMIT, MAX_MODEL_LEN
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 VOCAB = 320
 CASE_SECONDS = 5.0

@@ -16,7 +16,7 @@ import httpx
 
 from tests.reliability.clients import Outcome, run_request
 from tests.reliability.conftest import MAX_RUNNING, MAX_WAITING
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 BURST = 64
 HAMMERS = 16

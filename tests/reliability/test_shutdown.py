@@ -14,7 +14,7 @@ import httpx
 
 from tests.reliability.clients import Outcome, run_request
 from tests.reliability.conftest import start_server
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 IN_FLIGHT = 10
 MAX_TOKENS = 150

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from tests.reliability.conftest import start_server
-from tests.reliability.procs import ServerProcess
+from tests.helpers.server_process import ServerProcess
 
 MAX_GAP_S = 0.25
 MAX_HEALTH_S = 0.25

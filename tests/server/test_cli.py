@@ -4,14 +4,9 @@ start-up logs, SIGTERM drains in-flight streams (bounded by --shutdown-timeout) 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -19,8 +14,7 @@ import pytest
 
 from specserve.engine.config import DEMO_MODEL, ConfigError
 from specserve.server.cli import build_parser, engine_config, main, server_options
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.server_process import ServerProcess
 
 
 def _args(*argv: str):
@@ -83,35 +77,11 @@ def test_missing_model_exits_2_with_a_message(capsys, tmp_path) -> None:
     assert "nope" in err and "specserve: error" in err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(tiny_pair, *extra: str) -> tuple[subprocess.Popen, str, list[str]]:
-    port = _free_port()
+def _start(tiny_pair, *extra: str) -> ServerProcess:
+    """The tiny pair served as "tiny" (k = 3, CPU, an API key) in a child process, not yet ready."""
     target, draft = tiny_pair
-    cmd = [sys.executable, "-m", "specserve.server.cli", "serve", "--model", str(target), "--draft-model", str(draft),
-           "--num-speculative-tokens", "3", "--device", "cpu", "--port", str(port),
-           "--api-key", "sk-very-secret", "--served-model-name", "tiny", *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    logs: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            logs.append(line)
-            if "serving 'tiny'" in line:
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(90):
-        proc.kill()
-        raise AssertionError("server did not start:\n" + "".join(logs))
-    return proc, f"http://127.0.0.1:{port}", logs
+    return ServerProcess(["--model", str(target), "--draft-model", str(draft), "--num-speculative-tokens", "3",
+                          "--device", "cpu", "--api-key", "sk-very-secret", "--served-model-name", "tiny", *extra])
 
 
 def _sse_lines(r: httpx.Response) -> Iterator[str]:
@@ -154,35 +124,31 @@ def _start_stream(url: str, body: dict) -> tuple[threading.Thread, dict]:
 
 
 def test_sigterm_drains_in_flight_streams_and_exits_0(tiny_pair) -> None:
-    proc, url, logs = _start(tiny_pair, "--shutdown-timeout", "30")
-    try:
-        text = "".join(logs)
-        assert "on cpu" in text and "KV cache" in text and "tokens" in text and url in text
+    with _start(tiny_pair, "--shutdown-timeout", "30") as srv:
+        text = srv.logs()
+        assert "serving 'tiny'" in text
+        assert "on cpu" in text and "KV cache" in text and "tokens" in text and srv.url in text
         body = {"prompt": ["def add", "class"], "n": 4, "max_tokens": 200, "ignore_eos": True, "stream": True,
                 "return_token_ids": True}
-        t, out = _start_stream(url, body)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        t, out = _start_stream(srv.url, body)
+        srv.send(signal.SIGTERM)
+        assert srv.wait(timeout=60) == 0
         t.join(10)
         assert out["done"] and out["tokens"] == 2 * 4 * 200  # drained: every token of every choice
-    finally:
-        proc.kill()
-    assert "sk-very-secret" not in "".join(logs)
+        logs = srv.logs()
+    assert "sk-very-secret" not in logs
 
 
 def test_sigterm_drain_is_bounded_by_shutdown_timeout(tiny_pair) -> None:
-    proc, url, logs = _start(tiny_pair, "--shutdown-timeout", "0.3", "--max-model-len", "512")
-    try:
+    with _start(tiny_pair, "--shutdown-timeout", "0.3", "--max-model-len", "512") as srv:
         body = {"prompt": ["def add", "class", "import os", "for i"], "n": 16, "max_tokens": 480,
                 "ignore_eos": True, "stream": True, "return_token_ids": True}
-        t, out = _start_stream(url, body)
+        t, out = _start_stream(srv.url, body)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        srv.send(signal.SIGTERM)
+        assert srv.wait(timeout=30) == 0
         assert time.monotonic() - t0 < 10
         t.join(10)
         assert out["tokens"] < 4 * 16 * 480  # cut short, not run to the end ...
         # ... and ended properly: an error event, then [DONE] (issue 16)
-        assert out["done"] and out["error"]["code"] == "engine_unavailable", (out, "".join(logs)[-3000:])
-    finally:
-        proc.kill()
+        assert out["done"] and out["error"]["code"] == "engine_unavailable", (out, srv.log_tail(3000))

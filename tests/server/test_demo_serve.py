@@ -1,7 +1,7 @@
 """``specserve serve`` with no model arguments serves the embedded demo pair (target + draft, k = 4).
 
-A real ``python -m server.cli serve --port P --device cpu`` subprocess (no other flag), talked to
-over loopback with httpx. It checks what a first-time user sees: the model is listed as "demo",
+A real ``python -m specserve.server.cli serve --device cpu`` subprocess (no other flag but its
+address), talked to over loopback with httpx. It checks what a first-time user sees: the model is listed as "demo",
 completions of Python prompts look like Python, and speculative decoding actually pays off
 (mean acceptance length from /metrics well above 1).
 """
@@ -11,12 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +20,7 @@ from typing import Iterator
 import httpx
 import pytest
 
+from tests.helpers.server_process import ServerProcess
 from tests.server.live import metric, scrape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,51 +32,15 @@ SAMPLED_PROMPTS = (("import os\n\n\ndef main(", 11), ("class Config", 12), ("def
 MIN_ACCEPTANCE_LENGTH = 1.5  # the pair measures ~2-3 at T = 0.7 (docs/acceptance.md); 1.0 = no gain
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @contextlib.contextmanager
 def _demo_server(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[str]:
     """``specserve serve --device cpu FLAGS`` in a subprocess; its base URL once /health answers
     (its log is shown if it fails to start)."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("demo-serve") / "server.log"
     # one torch thread: far faster than two on a small CPU shared with other work (MODEL_CARD.md)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "specserve.server.cli", "serve", "--port", str(port),
-                                 "--device", "cpu", *flags], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"no /health within {START_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        _stop(proc)
+    with ServerProcess(["--device", "cpu", *flags], environ={"OMP_NUM_THREADS": "1"},
+                       log_path=log_path, start_timeout=START_TIMEOUT_S) as srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")
