@@ -213,7 +213,7 @@ class PeerMeasurement:
     min_step_s: float
     compile_mode: str                  # reduce-overhead | default | eager
     compile_note: str                  # why eager, when it is
-    first_call_s: float                # the first decode call: compiling (and capture) included
+    first_call_s: float                # the first decode call: compiling included (capture is the 2nd)
     cudagraph_skips: Optional[int]     # graphs Inductor declined to capture (reduce-overhead ran
                                        # without CUDA graphs there: launch-bound)
 

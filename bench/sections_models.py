@@ -118,7 +118,7 @@ def _peer_note(p: dict) -> str:
         return f"failed ({p['error']})"
     skips = p.get("cudagraph_skips")
     mode = p["compile_mode"] + (f" ({p['compile_note']})" if p["compile_note"] else "")
-    return (f"{mode}, first decode call (compile + capture) {p['first_call_s']:.1f}s"
+    return (f"{mode}, first decode call (compiling) {p['first_call_s']:.1f}s"
             + (f", Inductor skipped CUDA graphs {skips} times" if skips else ""))
 
 
