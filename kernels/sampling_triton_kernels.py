@@ -7,16 +7,17 @@ too), where z / 1.0 == z exactly: each loop is compiled twice, with T and withou
 and a program picks one copy by its row's T.
 
 * ``row_pass_kernel`` (grid [rows, chunks]): per chunk, the softmax partials (max ``m`` of
-  ``x = z / T`` and ``s = sum exp(x - m)``), the greedy partial argmax of ``z`` and, where the
-  row needs a sample, the partial exponential race ``argmax (x_i - log E_i)``. All three are
-  kept per lane (an online softmax per lane: one exp per element) and reduced across lanes
-  once per chunk. Rows with top-k / top-p / min-p are done whole by their chunk-0 program: one
+  ``x = z / T`` and ``s = sum exp(x - m)``) of a sampled row, the greedy partial argmax of
+  ``z`` of a greedy row (both for every row without SPLIT) and, where the row needs a sample,
+  the partial exponential race ``argmax (x_i - log E_i)``. All are kept per lane (an online
+  softmax per lane) and reduced across lanes once per chunk; each loop step loads UNROLL
+  tiles at once, so each thread keeps several loads in flight. Rows with top-k / top-p / min-p are done whole by their chunk-0 program: one
   max/sum pass, then multi-way threshold bisection passes (NT candidate thresholds per pass,
   no sort), then the race pass; it writes the kept mass as ``s`` and the threshold to
   ``row_thr``. Races run here only where every row needs one (strict verification, draft
   sampling).
-* ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept test
-  row by row (scalar work), then runs the request's one race over its chunk: the rejected
+* ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept
+  tests (all of a request's drafts at once with PARALLEL, else row by row), then runs the request's one race over its chunk: the rejected
   row's residual ``max(p - q, 0)`` (only that row's logits and draft-prob row are read) or the
   bonus row's p. So probabilistic verification draws random numbers for one row per request.
   The residual race runs in linear space, ``argmax r_i / E_i``, with the race over p for an
@@ -146,21 +147,17 @@ def _combine_argmax(v_ptr, i_ptr, base, C, CP: tl.constexpr):
 
 
 @triton.jit
-def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, LOG_B: tl.constexpr):
+def _row_meta(cu_ptr, B, row, HAS_CU: tl.constexpr, NB: tl.constexpr):
     """(request, index j within the request, k_b) of a logits row.
 
-    Request b owns rows from cu[b] + b: binary search (LOG_B >= log2(B) unrolled steps) for the
-    last request whose first row is <= row.
+    Request b owns rows from cu[b] + b (strictly increasing in b), so the row's request is the
+    number of b < B with cu[b] + b <= row, less one: one vector load of cu (NB >= B lanes)
+    instead of a binary search's chain of log2(B) dependent loads at every program's start.
     """
     if HAS_CU:
-        lo = row * 0
-        hi = lo + B
-        for _ in tl.static_range(LOG_B):
-            mid = (lo + hi) // 2
-            ok = tl.load(cu_ptr + mid) + mid <= row
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
-        req = lo
+        b = tl.arange(0, NB)
+        first = tl.load(cu_ptr + b, mask=b < B, other=0) + b
+        req = tl.sum(((first <= row) & (b < B)).to(tl.int32), 0) - 1
         c0 = tl.load(cu_ptr + req)
         k = tl.load(cu_ptr + req + 1) - c0
         j = row - (c0 + req)
@@ -305,29 +302,57 @@ def _race_range(row_ptr, lo: tl.constexpr, hi: tl.constexpr, T, mx, thr, seed, p
 
 
 @triton.jit
-def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race,
-                BLOCK: tl.constexpr):
-    """Unfiltered chunk [lo, hi): softmax partials, greedy partial argmax, optional race partial.
+def _tile_best(score, offs, best, idx):
+    """Fold a [UNROLL, BLOCK] tile into per-lane (best, index): the tile's best per lane (lowest
+    index on ties), taken only if strictly better, so earlier tiles win ties."""
+    tb = tl.max(score, 0)
+    ti = tl.min(tl.where(score == tb[None, :], offs, BIG_IDX), 0)
+    return _lane_best(tb, ti, best, idx)
 
-    Everything is per lane (online softmax, best score and index); the cross-lane reductions
-    run once, after the last tile."""
+
+@triton.jit
+def _tile_softmax(m, s, x, UNROLL: tl.constexpr):
+    """Fold a [UNROLL, BLOCK] tile of x into per-lane online-softmax state: UNROLL + 1 exps per
+    lane (one per element for UNROLL == 1, as _lane_softmax)."""
+    if UNROLL == 1:
+        return _lane_softmax(m, s, tl.max(x, 0))
+    hi = tl.maximum(m, tl.max(x, 0))
+    hs = tl.where(hi == NEG_INF, 0.0, hi)
+    return hi, s * tl.exp(m - hs) + tl.sum(tl.exp(x - hs[None, :]), 0)
+
+
+@triton.jit
+def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race,
+                DO_G: tl.constexpr, DO_S: tl.constexpr, BLOCK: tl.constexpr,
+                UNROLL: tl.constexpr):
+    """Unfiltered chunk [lo, hi): softmax partials (DO_S), greedy partial argmax (DO_G),
+    optional race partial (DO_S rows only).
+
+    Each of the TILES steps loads UNROLL consecutive tiles as one [UNROLL, BLOCK] block, so
+    every thread has UNROLL loads in flight (one per tile was latency-bound: too few bytes in
+    flight per SM at the occupancy the registers allow). Everything is per lane (online
+    softmax, best score and index); the cross-lane reductions run once, after the last step."""
     m = tl.full([BLOCK], NEG_INF, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
+    lane = tl.arange(0, BLOCK)
     g_best = tl.full([BLOCK], NEG_INF, tl.float32)
-    g_idx = lo + tl.arange(0, BLOCK)
+    g_idx = lo + lane
     r_best = tl.full([BLOCK], NEG_INF, tl.float32)
-    r_idx = lo + tl.arange(0, BLOCK)
+    r_idx = lo + lane
     for t in range(0, TILES):
-        start = lo + t * BLOCK
+        start = lo + t * (UNROLL * BLOCK)
         if start < hi:                     # TILES bounds the loop; the last chunk is shorter
-            offs = start + tl.arange(0, BLOCK)
+            offs = start + tl.arange(0, UNROLL)[:, None] * BLOCK + lane[None, :]  # [UNROLL, BLOCK]
             z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
-            g_best, g_idx = _lane_best(z, offs, g_best, g_idx)
-            x = _div_t(z, T)
-            m, s = _lane_softmax(m, s, x)
-            if need_race:
-                r_best, r_idx = _lane_best(x - _log_e(seed, pos, stream, start, BLOCK), offs,
-                                           r_best, r_idx)
+            if DO_G:
+                g_best, g_idx = _tile_best(z, offs, g_best, g_idx)
+            if DO_S:
+                x = _div_t(z, T)
+                m, s = _tile_softmax(m, s, x, UNROLL)
+                if need_race:
+                    le = tl.reshape(_log_e(seed, pos, stream, start, UNROLL * BLOCK),
+                                    [UNROLL, BLOCK])
+                    r_best, r_idx = _tile_best(x - le, offs, r_best, r_idx)
     m, s = _reduce_softmax(m, s)
     g_v, g_i = _reduce_best(g_best, g_idx)
     r_v, r_i = _reduce_best(r_best, r_idx)
@@ -338,14 +363,17 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
 def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
-                    stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LOG_B: tl.constexpr,
+                    stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, NB: tl.constexpr,
                     BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr,
-                    TILES: tl.constexpr):
+                    TILES: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr):
     """Grid [rows, C chunks]: chunk c covers [c * chunk, (c + 1) * chunk) of the vocabulary
-    (chunk a multiple of BLOCK, at most TILES tiles: TILES bounds the loop at compile time)."""
+    (chunk a multiple of BLOCK, at most TILES steps of UNROLL tiles: TILES bounds the loop at
+    compile time). SPLIT: a greedy row computes only its argmax (its m, s are placeholders:
+    max z and 1) and a sampled row only its softmax (and race): nothing reads the other
+    partials of such rows; without SPLIT every unfiltered row computes both."""
     row = tl.program_id(0)
     c = tl.program_id(1)
-    req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, LOG_B)
+    req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, NB)
     T = tl.load(temp_ptr + req)
     top_k = tl.load(topk_ptr + req)
     top_p = tl.load(topp_ptr + req)
@@ -353,6 +381,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     seed = tl.load(seed_ptr + req)
     pos = tl.load(pos_ptr + req) + j
     sampled = T != 0.0
+    T_in = T
     T = tl.where(sampled, T, 1.0)
     k_on = (top_k > 0) & (top_k < V) & sampled
     p_on = (top_p < 1.0) & sampled
@@ -380,12 +409,19 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     else:
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        if T != 1.0:
+        if SPLIT & (T_in == 0.0):          # greedy: argmax only (T is now 1)
+            m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, None, seed, pos,
+                                                   stream, False, True, False, BLOCK, UNROLL)
+            m = g_v
+            s = tl.full([], 1.0, tl.float32)
+        elif T != 1.0:
             m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, T, seed, pos,
-                                                   stream, need_race, BLOCK)
+                                                   stream, need_race, not SPLIT, True, BLOCK,
+                                                   UNROLL)
         else:
             m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, None, seed, pos,
-                                                   stream, need_race, BLOCK)
+                                                   stream, need_race, not SPLIT, True, BLOCK,
+                                                   UNROLL)
         if c == 0:
             tl.store(row_thr + row, 0.0)
     tl.store(part_m + out, m)
@@ -421,6 +457,43 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
         n = n + ok.to(tl.int32)
         go = ok & (n < k_b)
     return n
+
+
+@triton.jit
+def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr, V,
+                part_m, part_s, row_thr, HAS_Q: tl.constexpr, CP: tl.constexpr,
+                KP: tl.constexpr):
+    """The same tests as _accept_count, all k_b at once (lanes j < KP, KP > k_b): no chain of
+    dependent loads per draft. Returns (n accepted, and the max, sum and threshold of row n,
+    the raced row)."""
+    j = tl.arange(0, KP)
+    has_row = j <= k_b
+    live = j < k_b
+    rows = row0 + j
+    i = tl.arange(0, CP)
+    pm = has_row[:, None] & (i[None, :] < C)
+    m = tl.load(part_m + rows[:, None] * C + i[None, :], mask=pm, other=NEG_INF)    # [KP, CP]
+    s = tl.load(part_s + rows[:, None] * C + i[None, :], mask=pm, other=0.0)
+    mx = tl.max(m, 1)
+    mxs = tl.where(mx == NEG_INF, 0.0, mx)                               # rows past k_b
+    S = tl.sum(tl.where(m == NEG_INF, 0.0, s * tl.exp(m - mxs[:, None])), 1)
+    thr = tl.load(row_thr + rows, mask=has_row, other=0.0)
+    xj = tl.load(drafts_ptr + c0 + j, mask=live, other=0)
+    z = tl.load(logits_ptr + rows.to(tl.int64) * stride + xj, mask=live, other=0.0).to(tl.float32)
+    if T != 1.0:
+        z = tl.math.div_rn(z, T)
+    e = tl.exp(z - tl.where(live, mx, 0.0))
+    px = tl.where(e >= thr, tl.math.div_rn(e, tl.where(live, S, 1.0)), 0.0)
+    if HAS_Q:
+        qx = tl.load(q_ptr + (c0 + j).to(tl.int64) * V + xj, mask=live, other=0.0)
+    else:
+        qx = tl.full([KP], 1.0, tl.float32)
+    u = _uniform(seed, pos0 + j, 2, tl.zeros([KP], tl.int32))          # index 0: word 0
+    ok = (u * qx < px) & (qx > 0.0) & live   # q(x) == 0 is a caller bug: reject
+    n = tl.min(tl.where(ok, KP, j), 0)       # the first test that fails (k_b: none did)
+    sel = j == n
+    return (n, tl.max(tl.where(sel, mx, NEG_INF), 0), tl.sum(tl.where(sel, S, 0.0), 0),
+            tl.sum(tl.where(sel, thr, 0.0), 0))
 
 
 @triton.jit
@@ -472,11 +545,12 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      TILES: tl.constexpr):
-    """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts, then
-    race once over this chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the
-    race over p for an all-zero residual is folded into the same scores) or, if all were
-    accepted, the bonus row's p (SAMPLE)."""
+                      TILES: tl.constexpr, KP: tl.constexpr, PARALLEL: tl.constexpr):
+    """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
+    tests at once with PARALLEL, else one draft after another), then race once over this
+    chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the race over p for an
+    all-zero residual is folded into the same scores) or, if all were accepted, the bonus
+    row's p (SAMPLE)."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temp_ptr + b)
@@ -486,15 +560,20 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         row0 = c0 + b
         seed = tl.load(seed_ptr + b)
         pos0 = tl.load(pos_ptr + b)
-        n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr,
-                          V, part_m, part_s, row_thr, HAS_Q, CP)
+        if PARALLEL:
+            n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
+                                        drafts_ptr, q_ptr, V, part_m, part_s, row_thr, HAS_Q,
+                                        CP, KP)
+        else:
+            n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
+                              q_ptr, V, part_m, part_s, row_thr, HAS_Q, CP)
+            mx, S = _combine_softmax(part_m, part_s, (row0 + n) * C, C, CP)
+            thr = tl.load(row_thr + row0 + n)
         if c == 0:
             tl.store(n_acc_ptr + b, n)
         rejected = n < k_b
         stream = tl.where(rejected, 3, 0)
         row = row0 + n
-        mx, S = _combine_softmax(part_m, part_s, row * C, C, CP)
-        thr = tl.load(row_thr + row)
         xj = tl.load(drafts_ptr + c0 + n, mask=rejected, other=-1).to(tl.int32)
         q_row = q_ptr + (c0 + n).to(tl.int64) * V
         row_ptr = logits_ptr + row.to(tl.int64) * stride

@@ -40,21 +40,67 @@ SBLOCK = 256  # vocabulary tile of a bisection pass ([SBLOCK, NT] comparisons)
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Launch knobs of the sampling kernels (``python -m specserve.bench.rejection_sampler
+    --sweep`` times a grid of them on the GPU).
+
+    * ``block``: vocabulary tile; ``unroll``: tiles the row pass loads per loop step (bytes in
+      flight per thread: the row pass is a stream, latency-bound at one 16-byte load per thread
+      at the occupancy its registers allow);
+    * ``row_waves`` / ``race_waves``: programs per SM the row pass / the final race aim for
+      (a row is cut into chunks until there are that many);
+    * ``row_warps`` / ``race_warps``: warps per program;
+    * ``split``: greedy rows compute only their argmax and sampled rows only their softmax
+      (without it every row computes both);
+    * ``parallel_accept``: the final race's programs run a request's k accept tests at once
+      (without it, one after another: a chain of dependent loads per draft, in every program).
+    """
+
+    block: int = 1024
+    unroll: int = 4
+    row_waves: int = 8
+    row_warps: int = 4
+    race_waves: int = 8
+    race_warps: int = 4
+    split: bool = True
+    parallel_accept: bool = True
+
+    def __post_init__(self):
+        for name in ("block", "unroll"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two, got {v}")
+        if min(self.row_waves, self.race_waves, self.row_warps, self.race_warps) < 1:
+            raise ValueError("waves and warps must be >= 1")
+
+
+DEFAULT = Tuning()
+# the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
+LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Tiling of the vocabulary: BLOCK elements per tile, CHUNK per program, C chunks per row.
 
     ``chunk`` is a kernel argument (chunks of a row are balanced to within one tile); the
-    compile-time loop bound is ``tiles``, the power of two at or above chunk / block, so the
-    number of compiled variants stays small."""
+    compile-time loop bounds are ``tiles``, the power of two at or above chunk / block, and
+    ``steps`` (the same in steps of ``unroll`` tiles), so the number of compiled variants stays
+    small."""
 
     block: int
     chunk: int
     num_chunks: int
     num_warps: int
+    unroll: int = 1
 
     @property
     def tiles(self) -> int:
         return triton.next_power_of_2(self.chunk // self.block)
+
+    @property
+    def steps(self) -> int:
+        return triton.cdiv(self.tiles, self.unroll)
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,21 +110,37 @@ def _sm_count(index: int) -> int:
 
 
 def plan(vocab: int, rows: int, device: torch.device, block: Optional[int] = None,
-         chunk: Optional[int] = None) -> Plan:
-    """Pick tile and chunk sizes: enough (row, chunk) programs to fill the device (about four
-    per SM), each chunk as long as it can be; a row's chunks differ by at most one tile."""
+         chunk: Optional[int] = None, tuning: Tuning = DEFAULT) -> Plan:
+    """The row pass's tiling: enough (row, chunk) programs to fill the device (about
+    ``tuning.row_waves`` per SM), each chunk as long as it can be; a row's chunks differ by at
+    most one tile."""
+    return _plan(vocab, rows, device, block, chunk, tuning.block, tuning.row_waves,
+                 tuning.row_warps, tuning.unroll)
+
+
+def race_plan(vocab: int, reqs: int, device: torch.device, block: Optional[int] = None,
+              chunk: Optional[int] = None, tuning: Tuning = DEFAULT) -> Plan:
+    """The final race's tiling (one raced row per request): about ``tuning.race_waves``
+    programs per SM."""
+    return _plan(vocab, reqs, device, block, chunk, tuning.block, tuning.race_waves,
+                 tuning.race_warps, 1)
+
+
+def _plan(vocab: int, rows: int, device: torch.device, block: Optional[int],
+          chunk: Optional[int], tuned_block: int, waves: int, warps: int, unroll: int) -> Plan:
     if block is None:
-        block = 1024 if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
+        block = tuned_block if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
     if chunk is None:
         tiles_row = triton.cdiv(vocab, block)
         if device.type == "cuda":
             index = torch.cuda.current_device() if device.index is None else device.index
-            want = max(1, min(triton.cdiv(4 * _sm_count(index), max(rows, 1)), tiles_row))
+            want = max(1, min(triton.cdiv(waves * _sm_count(index), max(rows, 1)), tiles_row))
         else:
             want = 1
         chunk = triton.cdiv(tiles_row, want) * block
     chunk = max(block, triton.cdiv(chunk, block) * block)
-    return Plan(block, chunk, triton.cdiv(vocab, chunk), 4 if block <= 1024 else 8)
+    return Plan(block, chunk, triton.cdiv(vocab, chunk), warps * max(1, block // 1024),
+                min(unroll, triton.next_power_of_2(chunk // block)))
 
 
 class _Partials:
@@ -108,15 +170,15 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
-              stream: int, has_cu: bool, race: bool) -> _Partials:
+              stream: int, has_cu: bool, race: bool, split: bool) -> _Partials:
     rows, vocab = logits.shape
     part = _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
-        HAS_CU=has_cu, RACE=race, LOG_B=max(9, num_reqs.bit_length()),
-        BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.tiles,
-        num_warps=pl.num_warps)
+        HAS_CU=has_cu, RACE=race, NB=1 << max(9, num_reqs.bit_length()),
+        BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.steps,
+        UNROLL=pl.unroll, SPLIT=split, num_warps=pl.num_warps)
     return part
 
 
@@ -135,7 +197,8 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor, store_probs: bool, *,
                  probs_out: Optional[torch.Tensor] = None, block: Optional[int] = None,
-                 chunk: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                 chunk: Optional[int] = None,
+                 tuning: Tuning = DEFAULT) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``, in ``probs_out`` when
     given); see ref_sampling."""
     logits = _rowwise(logits)
@@ -148,9 +211,10 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         assert q.shape == (b, vocab) and q.dtype == torch.float32 and q.is_contiguous()
     if b == 0:
         return tokens, q
-    pl = plan(vocab, b, dev, block, chunk)
+    pl = plan(vocab, b, dev, block, chunk, tuning)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
-    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race=True)
+    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race=True,
+                     split=tuning.split)
     grid = (b, pl.num_chunks if store_probs else 1)
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
@@ -165,7 +229,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
                      temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                      method: str, max_num_draft_tokens: Optional[int] = None, *,
-                     block: Optional[int] = None, chunk: Optional[int] = None) -> torch.Tensor:
+                     block: Optional[int] = None, chunk: Optional[int] = None,
+                     tuning: Tuning = DEFAULT) -> torch.Tensor:
     """[B, max_k + 1] int64: accepted drafts, one recovered/bonus token, -1 padding.
 
     A draft token with draft probability 0 is treated as rejected (the reference raises).
@@ -185,10 +250,11 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     if drafts.numel() == 0:
         drafts = torch.zeros(1, dtype=torch.int64, device=dev)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
-    pl = plan(vocab, rows, dev, block, chunk)
+    pl = plan(vocab, rows, dev, block, chunk, tuning)
     strict = method == "strict"
-    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict)
-    pr = plan(vocab, num_reqs, dev, block, chunk)          # the one race per request
+    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
+                     split=tuning.split)
+    pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
     rec = (torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.float32),
            torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.int32))
@@ -199,7 +265,9 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
-            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles, num_warps=pr.num_warps)
+            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles,
+            KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
+            num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,
         pl.num_chunks, pr.num_chunks, STRICT=strict, CP=cp, CRP=crp,
@@ -226,7 +294,7 @@ def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
     race's over B rows, and the output width over k."""
     first: dict[tuple[int, int, int], tuple[int, int]] = {}
     for reqs in range(1, max(1, max_reqs) + 1):
-        race_tiles = plan(vocab, reqs, device).tiles
+        race_tiles = race_plan(vocab, reqs, device).tiles
         for k in range(max_drafts + 1):
             key = (plan(vocab, reqs * (k + 1), device).tiles, race_tiles, triton.next_power_of_2(k + 1))
             first.setdefault(key, (reqs, k))

@@ -39,7 +39,10 @@ BREAKAGES = {b.name: b for b in [
               "else q[torch.where(lay.j < lay.k[lay.req], lay.draft_idx - lay.j + (lay.j + 1) "
               "% lay.k[lay.req].clamp(min=1), lay.draft_idx)],"),),
         triton_kernels=(("qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)",
-                         "qx = tl.load(q_ptr + (c0 + (n + 1) % k_b).to(tl.int64) * V + xj)"),)),
+                         "qx = tl.load(q_ptr + (c0 + (n + 1) % k_b).to(tl.int64) * V + xj)"),
+                        ("qx = tl.load(q_ptr + (c0 + j).to(tl.int64) * V + xj, mask=live",
+                         "qx = tl.load(q_ptr + (c0 + (j + 1) % tl.maximum(k_b, 1)).to(tl.int64)"
+                         " * V + xj, mask=live"))),
     Breakage(
         "skipped_chunk", "the residual race skips one chunk of the vocabulary",
         ref=(("    return torch.clamp(p - q, min=0.0)\n",

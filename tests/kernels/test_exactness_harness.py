@@ -57,3 +57,13 @@ def test_each_breakage_fails(breakage, tmp_path) -> None:
     rows = {"bf16_q": 15_000, "bonus_from_residual": 20_000}.get(breakage, 10_000)
     res = X.run_cell(detection_cell(breakage, on_gpu=False, rows=rows), CPU, broken)
     assert not res.passed, f"{BREAKAGES[breakage].what}: not detected: {res.to_json()}"
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_each_triton_breakage_still_applies(breakage, tmp_path) -> None:
+    """The GPU test breaks the Triton twin with these edits: each must still match the
+    kernels and launcher exactly once (a refactor that moves an edited line fails here, on
+    the CPU, instead of silently testing nothing on the GPU)."""
+    pytest.importorskip("triton")
+    broken = broken_module(breakage, "triton", tmp_path)
+    assert callable(broken.rejection_sample)

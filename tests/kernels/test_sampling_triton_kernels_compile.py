@@ -40,23 +40,26 @@ ROW_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", cu_ptr=PI
                row_thr=P32, stream="i32")
 
 
-@pytest.mark.parametrize("has_cu,race", [(True, False), (False, True)])
-def test_row_pass_kernel_compiles(has_cu: bool, race: bool) -> None:
+@pytest.mark.parametrize("has_cu,race,unroll,split", [(True, False, 4, True), (False, True, 4, True),
+                                                     (True, False, 1, False), (False, True, 2, False)])
+def test_row_pass_kernel_compiles(has_cu: bool, race: bool, unroll: int, split: bool) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
-    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, LOG_B=9,
-                                              BLOCK=1024, NT=16, SBLOCK=256, TILES=128))
+    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, NB=512,
+                                              BLOCK=1024, NT=16, SBLOCK=256, TILES=128 // unroll,
+                                              UNROLL=unroll, SPLIT=split))
 
 
-@pytest.mark.parametrize("has_q", [True, False])
-def test_final_race_kernel_compiles(has_q: bool) -> None:
+@pytest.mark.parametrize("has_q,parallel", [(True, True), (False, True), (True, False)])
+def test_final_race_kernel_compiles(has_q: bool, parallel: bool) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
                drafts_ptr=PI64,
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
                row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32)
-    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, BLOCK=1024, TILES=32))
+    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, BLOCK=1024, TILES=32, KP=16,
+                                            PARALLEL=parallel))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
