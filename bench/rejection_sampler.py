@@ -2,6 +2,14 @@
 
     python -m specserve.bench.rejection_sampler --out results/rejection_sampler        # GPU
     python -m specserve.bench.rejection_sampler --device cpu --out rs-smoke          # CPU smoke test
+    python -m specserve.bench.rejection_sampler --sweep --out results/rs-sweep      # GPU: pick a plan
+
+``--sweep`` times, for each (B, k), the old launch shape and kernel paths (``LEGACY``), the
+default (``DEFAULT``) and one-knob variations of it (kernels.triton_sampling.Tuning: loads in
+flight per step, programs per SM of the row pass and of the final race, warps, tile size,
+split greedy/sampled loops, parallel accept tests), as CUDA-graph replays, and reports the
+best per cell next to the default. It runs the legacy and default rows of every cell first and
+the variations while ``--budget-s`` lasts (B >= 64 first), writing ``<out>.json`` / ``.md``.
 
 For every batch size B and draft count k (V = 151,936 bf16 logits by default) it reports the
 median time of ``kernels.triton_sampling.rejection_sample`` twice: the call as Python makes it
@@ -30,6 +38,7 @@ the timings only show that the script works.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -57,6 +66,9 @@ def _parse() -> argparse.Namespace:
                     help="draft logits = target logits + noise * N(0, 1) (sets acceptance)")
     ap.add_argument("--block", type=int, default=None, help="vocabulary tile (default: plan)")
     ap.add_argument("--chunk", type=int, default=None, help="vocabulary per program (default: plan)")
+    ap.add_argument("--sweep", action="store_true", help="time candidate launch plans per (B, k)")
+    ap.add_argument("--budget-s", type=float, default=45.0,
+                    help="--sweep: stop starting variations after this many seconds")
     args = ap.parse_args()
     cpu = args.device == "cpu"
     args.batch_sizes = [int(x) for x in (args.batch_sizes or ("1,2" if cpu else "1,8,64,256")).split(",")]
@@ -195,11 +207,148 @@ def run(args: argparse.Namespace) -> dict:
                 settings={k: v for k, v in vars(args).items() if k != "out"}, results=rows_out)
 
 
-def _graph_ms(fn: Callable[[], object]) -> float:
+def _graph_ms(fn: Callable[[], object], rep: int = 100) -> float:
     """Median milliseconds of ``fn`` replayed as a CUDA graph (device time, no launch cost)."""
     import triton.testing
 
-    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+# vLLM Model Runner V2's rejection sampler on the same H100 and inputs (docs: ANCHORS.md), us
+VLLM_MRV2_US = {(64, 3): 108.0, (64, 5): 140.0, (256, 3): 387.0}
+
+
+def sweep_candidates() -> list[tuple[str, object, int]]:
+    """(label, Tuning, priority): legacy and default first (priority 0), then one knob at a time
+    around the default (1: the knobs most likely to matter at B >= 64, 2: the rest)."""
+    from dataclasses import replace
+
+    from specserve.kernels import triton_sampling as TS
+
+    d = TS.DEFAULT
+    out = [("legacy", TS.LEGACY, 0), ("default", d, 0)]
+    out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
+    out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
+    out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
+    out += [("row_warps=8", replace(d, row_warps=8), 2), ("race_warps=8", replace(d, race_warps=8), 2),
+            ("block=2048", replace(d, block=2048), 2), ("block=512", replace(d, block=512), 2),
+            ("unsplit", replace(d, split=False), 2), ("serial_accept", replace(d, parallel_accept=False), 2),
+            ("legacy+unroll=4", replace(TS.LEGACY, unroll=4), 2)]
+    seen, uniq = set(), []
+    for label, tuning, prio in out:
+        if tuning not in seen:
+            seen.add(tuning)
+            uniq.append((label, tuning, prio))
+    return uniq
+
+
+def _sweep_time(args, x: dict, tuning) -> float:
+    """Device milliseconds of one rejection_sample call with ``tuning`` (CPU: wall time)."""
+    from specserve.kernels import triton_sampling as TS
+
+    k = x["k"]
+    if args.device == "cuda":
+        cu_dev = x.setdefault("cu_dev", x["cu"].to(args.device))
+        return _graph_ms(lambda: TS.rejection_sample(  # noqa: E731
+            x["target"], cu_dev, x["drafts"], x["q"], *x["params"], x["seeds"], x["positions"],
+            args.method, k, tuning=tuning), rep=5)
+    return _timer("cpu")(lambda: TS.rejection_sample(  # noqa: E731
+        x["target"], x["cu"], x["drafts"], x["q"], *x["params"], x["seeds"], x["positions"],
+        args.method, k, tuning=tuning))
+
+
+def sweep(args: argparse.Namespace) -> dict:
+    """Time the candidate plans per (B, k) (see the module docstring); the legacy and default
+    rows of every cell first, then variations while the budget lasts, B >= 64 first."""
+    import torch
+
+    from specserve.kernels import triton_sampling as TS
+
+    t0 = time.perf_counter()
+    timer = _timer(args.device)
+    bw = copy_bandwidth(args.device, timer)
+    elt = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
+    dev = torch.device(args.device)
+    cells = [(b, k) for b in args.batch_sizes for k in args.ks]
+    inputs: dict = {}
+    rows: list[dict] = []
+    cands = sweep_candidates()
+    order = [(0, c) for c in cells] + [(p, c) for p in (1, 2)
+                                       for c in sorted(cells, key=lambda c: (c[0] < 64, c))]
+    for prio, (b, k) in order:
+        todo = [(lab, tu) for lab, tu, pr in cands if pr == prio]
+        for label, tuning in todo:
+            if prio > 0 and time.perf_counter() - t0 > args.budget_s:
+                break
+            if (b, k) not in inputs:
+                x = make_inputs(b, k, args)
+                out = TS.rejection_sample(x["target"], x["cu"], x["drafts"], x["q"], *x["params"],
+                                          x["seeds"], x["positions"], args.method)
+                x["n_rej"] = int(((out >= 0).sum(1) <= k).sum())
+                x["k"] = k
+                x["want"] = out
+                inputs[(b, k)] = x
+            x = inputs[(b, k)]
+            ms = _sweep_time(args, x, tuning)
+            got = TS.rejection_sample(x["target"], x["cu"], x["drafts"], x["q"], *x["params"],
+                                      x["seeds"], x["positions"], args.method, tuning=tuning)
+            pl = TS.plan(args.vocab, b * (k + 1), dev, tuning=tuning)
+            pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
+            nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
+                                    pr.num_chunks, args.method, x["q"] is not None)
+            rows.append(dict(B=b, k=k, label=label, tuning=dataclasses.asdict(tuning),
+                             device_ms=ms, frac_copy_bw=nbytes / (ms * 1e-3) / bw, bytes=nbytes,
+                             row_chunks=pl.num_chunks, race_chunks=pr.num_chunks,
+                             same_tokens=bool(torch.equal(got, x["want"]))))
+            print(f"B={b:>4} k={k} {label:<18} {ms * 1e3:9.1f} us  "
+                  f"{100 * rows[-1]['frac_copy_bw']:5.1f}% of copy  chunks {pl.num_chunks}/"
+                  f"{pr.num_chunks}  same tokens {rows[-1]['same_tokens']}", flush=True)
+    drafts = []
+    for b in args.batch_sizes:          # the draft sampler's row pass shares the tiling knobs
+        x = inputs[(b, args.ks[0])]
+        for label, tuning in (("legacy", TS.LEGACY), ("default", TS.DEFAULT)):
+            fn = lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],  # noqa: E731
+                                         x["positions"], True, tuning=tuning)
+            ms = _graph_ms(fn, rep=5) if args.device == "cuda" else timer(fn)
+            drafts.append(dict(B=b, label=label, device_ms=ms))
+            print(f"sample_draft B={b:>4} {label:<8} {ms * 1e3:9.1f} us", flush=True)
+    return dict(device=_device_name(args.device), copy_bandwidth_gbps=bw / 1e9, sweep=True,
+                settings={k: v for k, v in vars(args).items() if k != "out"},
+                elapsed_s=time.perf_counter() - t0, results=rows, sample_draft=drafts,
+                best=_best(rows))
+
+
+def _best(rows: list[dict]) -> list[dict]:
+    """Per (B, k): the legacy, default and fastest rows (and vLLM MRv2's figure where known)."""
+    out = []
+    for b, k in dict.fromkeys((r["B"], r["k"]) for r in rows):
+        cell = [r for r in rows if (r["B"], r["k"]) == (b, k) and r["same_tokens"]]
+        pick = lambda lab: next((r for r in cell if r["label"] == lab), None)  # noqa: E731
+        best = min(cell, key=lambda r: r["device_ms"]) if cell else None
+        out.append(dict(B=b, k=k, legacy=pick("legacy"), default=pick("default"), best=best,
+                        tried=len(cell), vllm_mrv2_us=VLLM_MRV2_US.get((b, k))))
+    return out
+
+
+def sweep_markdown(res: dict) -> str:
+    us = lambda r: "–" if r is None else f"{r['device_ms'] * 1e3:.1f}"  # noqa: E731
+    pct = lambda r: "–" if r is None else f"{100 * r['frac_copy_bw']:.0f}"  # noqa: E731
+    head = (f"# Rejection sampler plan sweep on {res['device']}\n\nCopy bandwidth "
+            f"{res['copy_bandwidth_gbps']:.0f} GB/s; {res['elapsed_s']:.0f} s. Settings: "
+            f"`{json.dumps(res['settings'])}`\n\n"
+            "| B | k | legacy us | legacy % BW | default us | default % BW | best | best us |"
+            " best % BW | vLLM MRv2 us | tried |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {c['B']} | {c['k']} | {us(c['legacy'])} | {pct(c['legacy'])} | {us(c['default'])} | "
+             f"{pct(c['default'])} | {c['best']['label'] if c['best'] else '–'} | {us(c['best'])} | "
+             f"{pct(c['best'])} | {c['vllm_mrv2_us'] or '–'} | {c['tried']} |" for c in res["best"]]
+    allrows = ["\n## Every timing\n\n| B | k | plan | us | % BW | chunks (row/race) | same tokens |",
+               "|---|---|---|---|---|---|---|"]
+    allrows += [f"| {r['B']} | {r['k']} | {r['label']} | {r['device_ms'] * 1e3:.1f} | "
+                f"{100 * r['frac_copy_bw']:.0f} | {r['row_chunks']}/{r['race_chunks']} | "
+                f"{r['same_tokens']} |" for r in res["results"]]
+    drafts = ["\n## sample_draft (store_probs)\n\n| B | plan | us |", "|---|---|---|"]
+    drafts += [f"| {r['B']} | {r['label']} | {r['device_ms'] * 1e3:.1f} |" for r in res["sample_draft"]]
+    return head + "\n".join(lines) + "\n" + "\n".join(allrows) + "\n" + "\n".join(drafts) + "\n"
 
 
 def _device_name(device: str) -> str:
@@ -234,12 +383,12 @@ def main() -> None:
     args = _parse()
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"        # before any Triton kernel module import
-    res = run(args)
+    res = sweep(args) if args.sweep else run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = str(out.with_suffix("") if out.suffix in (".json", ".md") else out)
     Path(stem + ".json").write_text(json.dumps(res, indent=2))
-    Path(stem + ".md").write_text(markdown(res))
+    Path(stem + ".md").write_text(sweep_markdown(res) if args.sweep else markdown(res))
     print(f"wrote {stem}.json and {stem}.md")
 
 
