@@ -27,7 +27,8 @@ from specserve.engine.models.llama import LlamaFamilyModel
 from specserve.engine.models.loader import load_model
 from specserve.engine.models.spec import read_model_spec
 from specserve.engine.runner.inputs import ForwardItem
-from specserve.engine.runner.model_runner import ModelRunner
+from specserve.engine.runner.model_runner import KVLayout, ModelRunner
+from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
 from specserve.engine.types import SamplingParams, SpecDecodeStats
 from specserve.kernels.backend import set_backend
@@ -89,16 +90,16 @@ class ModelCache:
         target = self.model(target_dir, load_format, self.seed)
         draft = self.model(draft_dir, load_format, self.seed + 1) if spec_cfg.enabled else None
         dtype = self.dtype_for(target_dir)
-        runner = ModelRunner(target, draft, num_kv_blocks, block_size, dtype, self.device,
-                             k if draft is not None else 0, self.max_model_len,
-                             spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
-                             max_num_seqs, self.enforce_eager)
+        settings = SpecSettings(k if draft is not None else 0, self.max_model_len,
+                                spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method)
+        runner = ModelRunner(target, draft, KVLayout(num_kv_blocks, block_size, dtype, self.device),
+                             settings, max_num_seqs, self.enforce_eager)
         tspec = target.spec
         tok = self.tokenizer(target_dir)
         eos = tspec.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         info = EngineInfo(
             model_path=target_dir, draft_model_path=draft_dir if draft is not None else None,
-            served_model_name=Path(target_dir).name, num_speculative_tokens=runner.num_spec,
+            served_model_name=Path(target_dir).name, num_speculative_tokens=runner.num_speculative_tokens,
             rejection_sample_method=spec_cfg.rejection_sample_method,
             draft_sample_method=spec_cfg.draft_sample_method, max_model_len=self.max_model_len,
             device=str(self.device), dtype=str(dtype).replace("torch.", ""), kernel_backend=backend,

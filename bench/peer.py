@@ -69,8 +69,8 @@ def _time_hf(target_dir: str, draft_dir: str, device: torch.device, dtype: torch
 def compare_with_hf(core: EngineCore, target_dir: str, draft_dir: str, k: int, prompt_len: int,
                     output_len: int, repeats: int, seed: int = 0) -> dict:
     """Batch-1 tokens/s: ours (speculative, k) vs transformers assisted generation (same k)."""
-    if core.runner.num_spec != k:
-        raise ValueError(f"our engine runs k={core.runner.num_spec}, the comparison wants k={k}")
+    if core.runner.num_speculative_tokens != k:
+        raise ValueError(f"our engine runs k={core.runner.num_speculative_tokens}, the comparison wants k={k}")
     device = core.runner.device
     dtype = core.runner.target_kv[0][0].dtype
     prompt = random_prompts(1, prompt_len, core.info.vocab_size, seed + 4242)[0]

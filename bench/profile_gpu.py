@@ -50,7 +50,7 @@ def profile_core(core, label: str, batch: int, steps: int, out) -> None:
     for rid, p in zip(ids, prompts):
         # enough tokens that no request finishes inside the 10 + 3 * steps steps, even when every
         # step commits k + 1 tokens (a self-draft accepts all)
-        room = (core.runner.num_spec + 1) * (10 + 3 * steps) + 16
+        room = (core.runner.num_speculative_tokens + 1) * (10 + 3 * steps) + 16
         core.add_request(rid, p, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=room))
     for _ in range(10):
         core.step()

@@ -37,7 +37,7 @@ class DecodeMeasurement:
 def measure_decode(core: EngineCore, prompt_len: int, warmup_steps: int, steps: int,
                    seed: int = 0) -> DecodeMeasurement:
     """Steady-state batch-1 decode: one token per EngineCore.step(), timed after warm-up."""
-    if core.runner.num_spec:
+    if core.runner.num_speculative_tokens:
         raise ValueError("measure plain decoding on an engine without a draft")
     prompt = random_prompts(1, prompt_len, core.info.vocab_size, seed)[0]
     rid = f"roofline-{seed}"

@@ -19,8 +19,9 @@ class ScheduledRequest:
     num_new_tokens: int          # tokens computed by the target this step, from num_computed_tokens
     num_computed_before: int
     samples: bool                # the chunk reaches the end: sample / verify this step
-    num_drafts: int              # drafts verified this step (0 unless samples)
-    num_spec_next: int           # drafts the draft model may propose after this step
+    k: int                       # drafts verified this step (0 unless samples)
+    k_next: int                  # drafts the draft model may propose after this step
+    num_accepted: int = 0        # of the k drafts, accepted (set by Scheduler.update_from_output)
 
 
 @dataclass

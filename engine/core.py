@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from specserve.engine.batch import RequestResult, ScheduledRequest
+from specserve.engine.batch import RequestResult
 from specserve.engine.config import EngineConfig
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.errors import CapacityError
@@ -171,8 +171,11 @@ class EngineCore:
             out = self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
             now = time.monotonic()
+            self.scheduler.update_from_output(
+                so, out, stats, lambda req, res: self._append_tokens(req, res, stats, now))
+            if self.spec_control is not None:
+                self.spec_control.record(so.scheduled)
             for s in so.scheduled:
-                self._apply(s, out.results.get(s.request.request_id), stats, now)
                 touched[s.request.parent_id] = self._parents[s.request.parent_id]
         outputs = []
         for parent in touched.values():
@@ -183,39 +186,6 @@ class EngineCore:
         if self.spec_control is not None:
             self.spec_control.after_step(so.scheduled, stats)
         return outputs, stats
-
-    def _apply(self, s: ScheduledRequest, res: Optional[RequestResult], stats: StepStats,
-               now: float) -> None:
-        req = s.request
-        end = s.num_computed_before + s.num_new_tokens
-        stats.num_prompt_tokens += max(0, min(end, req.prompt_len) - min(s.num_computed_before, req.prompt_len))
-        req.num_computed_tokens = end
-        if res is not None and res.num_draft_computed is not None:
-            req.num_draft_computed = res.num_draft_computed
-            req.num_draft_kv_ahead = res.num_draft_kv_ahead
-        self._commit(req)  # before a possible finish frees the blocks: they stay reusable
-        if s.samples:
-            assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
-            accepted = len(res.sampled) - 1
-            req.num_computed_tokens -= s.num_drafts - accepted   # roll back rejected drafts' KV
-            req.spec_stats.record(s.num_drafts, accepted)
-            stats.spec_decode.record(s.num_drafts, accepted)
-            if self.spec_control is not None:
-                self.spec_control.record(req, s.num_drafts, accepted)
-            req.clear_drafts()
-            self._append_tokens(req, res, stats, now)
-            if not req.is_finished and res.new_drafts:
-                req.draft_token_ids = res.new_drafts
-                req.draft_probs = res.new_draft_probs
-        if not req.is_finished:
-            self._commit(req)
-
-    def _commit(self, req: Request) -> None:
-        """Register full blocks of committed tokens whose KV every model has computed."""
-        valid = req.num_computed_tokens
-        if self.runner.draft is not None:
-            valid = min(valid, req.num_draft_computed)
-        self.kv.commit(req, valid)
 
     def _append_tokens(self, req: Request, res: RequestResult, stats: StepStats, now: float) -> None:
         detok = self._detok[req.request_id]

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from specserve.engine.batch import ScheduledRequest, SchedulerOutput
+from specserve.engine.batch import ModelRunnerOutput, RequestResult, ScheduledRequest, SchedulerOutput
 from specserve.engine.kv_cache import KVCacheManager
 from specserve.engine.request import Request, RequestStatus
-from specserve.engine.types import FinishReason
+from specserve.engine.types import FinishReason, StepStats
+
+# appends a request's sampled tokens (stop checks, detokenization); may call Scheduler.finish
+TokenSink = Callable[[Request, RequestResult], None]
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,12 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    num_spec_tokens: int = 0
+    num_speculative_tokens: int = 0
 
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv: KVCacheManager):
-        if limits.max_num_batched_tokens < limits.num_spec_tokens + 1:
+        if limits.max_num_batched_tokens < limits.num_speculative_tokens + 1:
             raise ValueError("max_num_batched_tokens must be at least num_speculative_tokens + 1")
         self.limits = limits
         self.kv = kv
@@ -87,9 +90,9 @@ class Scheduler:
     def _slots_needed(self, req: Request, n: int) -> tuple[bool, int, int]:
         samples = req.num_computed_tokens + n == req.num_tokens_with_drafts
         k_next = 0
-        if samples and self.limits.num_spec_tokens:
+        if samples and self.limits.num_speculative_tokens:
             # after this step up to len(drafts) + 1 tokens are committed; the draft then proposes
-            k_next = self.limits.num_spec_tokens
+            k_next = self.limits.num_speculative_tokens
         return samples, k_next, req.num_computed_tokens + n + k_next
 
     @staticmethod
@@ -142,6 +145,49 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._scheduled(req, n, samples, k_next))
             budget -= n
+
+    # ---- committing a step's results -----------------------------------------------------
+    def update_from_output(self, so: SchedulerOutput, out: ModelRunnerOutput, stats: StepStats,
+                           append_tokens: TokenSink) -> None:
+        """Commit what the runner computed: each request's KV progress (rejected drafts rolled
+        back), its acceptance (``ScheduledRequest.num_accepted``, the stats' counters), its sampled
+        tokens (through ``append_tokens``, which may finish it) and its next drafts."""
+        for s in so.scheduled:
+            self._update_one(s, out.results.get(s.request.request_id), stats, append_tokens)
+
+    def _update_one(self, s: ScheduledRequest, res: Optional[RequestResult], stats: StepStats,
+                    append_tokens: TokenSink) -> None:
+        req = s.request
+        end = s.num_computed_before + s.num_new_tokens
+        before = s.num_computed_before
+        stats.num_prompt_tokens += max(0, min(end, req.prompt_len) - min(before, req.prompt_len))
+        req.num_computed_tokens = end
+        if res is not None and res.num_draft_computed is not None:
+            req.num_draft_computed = res.num_draft_computed
+            req.num_draft_kv_ahead = res.num_draft_kv_ahead
+        self._commit(req)  # before a possible finish frees the blocks: they stay reusable
+        if not s.samples:
+            return
+        assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
+        s.num_accepted = len(res.sampled) - 1
+        req.num_computed_tokens -= s.k - s.num_accepted   # roll back rejected drafts' KV
+        req.spec_stats.record(s.k, s.num_accepted)
+        stats.spec_decode.record(s.k, s.num_accepted)
+        req.clear_drafts()
+        append_tokens(req, res)
+        if req.is_finished:
+            return
+        if res.new_drafts:
+            req.draft_token_ids = res.new_drafts
+            req.draft_probs = res.new_draft_probs
+        self._commit(req)
+
+    def _commit(self, req: Request) -> None:
+        """Register full blocks of committed tokens whose KV every model has computed."""
+        valid = req.num_computed_tokens
+        if self.limits.num_speculative_tokens:   # a draft model exists: its KV must be there too
+            valid = min(valid, req.num_draft_computed)
+        self.kv.commit(req, valid)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (both models) and queue it first; drafts and their probs survive."""

@@ -15,7 +15,8 @@ from specserve.engine.models.loader import load_model
 from specserve.engine.models.spec import (GENERATION_CONFIG, ModelSpec, generation_defaults,
                                           read_generation_config, read_model_spec)
 from specserve.engine.runner.draft_loop import DraftLoop
-from specserve.engine.runner.model_runner import ModelRunner
+from specserve.engine.runner.model_runner import KVLayout, ModelRunner
+from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.types import ParamError, SamplingParams
 from specserve.kernels.backend import set_backend, triton_available
 
@@ -255,8 +256,9 @@ def load_models(config: EngineConfig) -> LoadedModels:
     max_len = fit_max_model_len(config, blocks, max_len, num_spec)
     if tp is not None:
         tp.start(blocks, max_len if device.type == "cuda" else None)
-    runner = ModelRunner(target, draft, blocks, config.block_size, dtype, device, num_spec, max_len,
-                         spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method,
+    settings = SpecSettings(num_spec, max_len, spec_cfg.rejection_sample_method,
+                            spec_cfg.draft_sample_method)
+    runner = ModelRunner(target, draft, KVLayout(blocks, config.block_size, dtype, device), settings,
                          config.max_num_seqs, config.enforce_eager or backend != "triton" or tp is not None,
                          tp=tp)
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())

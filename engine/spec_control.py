@@ -82,9 +82,9 @@ class _Rates:
             self._table = expected_tokens_table(self.rates())
         return self._table
 
-    def update(self, num_drafts: int, accepted: int, weight: float, rate_floor: float) -> None:
+    def update(self, k: int, accepted: int, weight: float, rate_floor: float) -> None:
         self._table = None
-        for j in range(min(accepted + 1, num_drafts)):
+        for j in range(min(accepted + 1, k)):
             x = 1.0 if j < accepted else 0.0
             self.count[j] += 1
             step = max(1.0 / (self.count[j] + weight), rate_floor)
@@ -109,15 +109,15 @@ class AcceptanceModel:
         self.shared = [_Rates(k_max, [prior] * k_max) for _ in TEMPERATURE_BUCKETS]
         self.per_request: dict[str, _Rates] = {}
 
-    def record(self, request_id: str, bucket: int, num_drafts: int, accepted: int) -> None:
-        if num_drafts <= 0:
+    def record(self, request_id: str, bucket: int, k: int, accepted: int) -> None:
+        if k <= 0:
             return
-        self.shared[bucket].update(num_drafts, accepted, self.prior_weight, self.shared_rate)
+        self.shared[bucket].update(k, accepted, self.prior_weight, self.shared_rate)
         own = self.per_request.get(request_id)
         if own is None:   # a request starts from its bucket's estimate (its prior) ...
             own = self.per_request[request_id] = _Rates(self.k_max, self.shared[bucket].rates())
         # ... weighted as a few verifications' worth, then moves at request_rate
-        own.update(num_drafts, accepted, 2.0, self.request_rate)
+        own.update(k, accepted, 2.0, self.request_rate)
 
     def rates(self, request_id: str, bucket: int) -> list[float]:
         own = self.per_request.get(request_id)
@@ -370,7 +370,8 @@ class KController:
 # ---- the engine's side -----------------------------------------------------------------------
 class SpecControl:
     """What EngineCore calls: ``plan`` after scheduling (sets each sampling request's
-    ``num_spec_next``), ``record`` per verification, ``after_step`` with the step's stats."""
+    ``k_next``), ``record`` once the scheduler has committed the step, ``after_step`` with
+    the step's stats."""
 
     SNAPSHOT_EVERY = 32      # steps between refreshes of the snapshot other threads read
 
@@ -395,11 +396,15 @@ class SpecControl:
             return
         decision = self.controller.decide([self._row(s.request) for s in sampling])
         for s, k in zip(sampling, decision.ks):
-            s.num_spec_next = k
+            s.k_next = k
 
-    def record(self, req, num_drafts: int, accepted: int) -> None:
-        self.controller.acceptance.record(req.request_id, temperature_bucket(req.params.temperature),
-                                          num_drafts, accepted)
+    def record(self, scheduled: list) -> None:
+        """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``)."""
+        for s in scheduled:
+            if s.samples and s.k:
+                req = s.request
+                self.controller.acceptance.record(req.request_id, temperature_bucket(req.params.temperature),
+                                                  s.k, s.num_accepted)
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)
@@ -408,9 +413,9 @@ class SpecControl:
         """Fill the step's speculation stats; a decode-only step also refines the cost model."""
         sampling = [s for s in scheduled if s.samples]
         ctl = self.controller
-        stats.spec_chosen_k = [s.num_spec_next for s in sampling]
+        stats.spec_chosen_k = [s.k_next for s in sampling]
         if sampling and len(sampling) == len(scheduled) and stats.num_prompt_tokens == 0:
-            ctl.observe_step(len(sampling), max(s.num_drafts for s in sampling),
+            ctl.observe_step(len(sampling), max(s.k for s in sampling),
                              max(stats.spec_chosen_k), stats.num_generation_tokens, stats.step_seconds)
         if ctl.last is not None:
             stats.spec_predicted_speedup = ctl.last.predicted_speedup

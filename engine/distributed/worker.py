@@ -44,7 +44,7 @@ def device_of(device_type: str, rank: int) -> torch.device:
 def worker_main(args: WorkerArgs) -> None:
     """Entry point of a spawned worker process."""
     from specserve.engine.models.loader import load_model
-    from specserve.engine.runner.model_runner import allocate_kv
+    from specserve.engine.runner.model_runner import KVLayout, allocate_kv
     from specserve.kernels.backend import set_backend
 
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp{args.rank} %(name)s: %(message)s")
@@ -57,7 +57,7 @@ def worker_main(args: WorkerArgs) -> None:
     model = load_model(args.spec, device, args.dtype, args.max_positions, args.load_format,
                        args.seed, group)
     num_blocks, bound = group.broadcast_object()     # TPDriver.start
-    kv = allocate_kv(model.kv_spec, num_blocks, args.block_size, args.dtype, device)
+    kv = allocate_kv(model.kv_spec, KVLayout(num_blocks, args.block_size, args.dtype, device))
     steps = run_steps(model, kv, group, args.block_size, device, bound)
     log.info("rank %d: stopped after %d forwards", args.rank, steps)
 

@@ -72,13 +72,13 @@ def _target_step(runner, reqs: list[Request], width: int) -> Callable[[], object
         torch.zeros(n + 1, dtype=torch.int32, device=dev)
     draft_ids = torch.full((n * k,), 3, dtype=torch.int64, device=dev)
     probs = (torch.full((n * k, vocab), 1.0 / vocab, dtype=torch.float32, device=dev)
-             if k and runner.store_draft_probs else None)
+             if k and runner.spec.store_probs else None)
     st = SamplingTensors.build(reqs, [1] * n, dev)
 
     def run():
         logits = runner._forward("target", items)
         return ops.rejection_sample(logits, cu, draft_ids, probs, st.temperature, st.top_k, st.top_p,
-                                    st.min_p, st.seeds, st.positions, runner.rejection_method, k)
+                                    st.min_p, st.seeds, st.positions, runner.spec.rejection_method, k)
 
     return run
 
@@ -87,7 +87,7 @@ def _target_step(runner, reqs: list[Request], width: int) -> Callable[[], object
 def calibrate(runner, max_num_seqs: int) -> Calibration:
     """The cost table of ``runner`` (which must have a draft model)."""
     t0 = time.monotonic()
-    k_max, dev = runner.num_spec, runner.device
+    k_max, dev = runner.num_speculative_tokens, runner.device
     graphed = bool(runner.graphs)
     if graphed:
         batches = buckets_up_to(min(max_num_seqs, runner.draft_loop.buckets[-1]))

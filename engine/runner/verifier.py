@@ -52,14 +52,14 @@ def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, m
     rows: list[RowContext] = []
     for s in sampling:
         out = s.request.output_token_ids
-        drafts = s.request.draft_token_ids[:s.num_drafts]
-        rows.extend(RowContext(s.request, out + drafts[:j]) for j in range(s.num_drafts + 1))
+        drafts = s.request.draft_token_ids[:s.k]
+        rows.extend(RowContext(s.request, out + drafts[:j]) for j in range(s.k + 1))
     raw = _raw_rows_for_logprobs(sampling, logits)
     apply_processors(logits, rows)
 
-    ks = [s.num_drafts for s in sampling]
+    ks = [s.k for s in sampling]
     cu = to_device(list(itertools.accumulate(ks, initial=0)), torch.int32, device)
-    draft_ids = to_device([t for s in sampling for t in s.request.draft_token_ids[:s.num_drafts]],
+    draft_ids = to_device([t for s in sampling for t in s.request.draft_token_ids[:s.k]],
                           torch.int64, device)
     draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
     st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
@@ -71,7 +71,7 @@ def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, m
 def _raw_rows_for_logprobs(sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict:
     raw, row = {}, 0
     for s in sampling:
-        n = s.num_drafts + 1
+        n = s.k + 1
         if s.request.params.logprobs is not None:
             raw[s.request.request_id] = logits[row:row + n].clone()
         row += n
@@ -81,13 +81,13 @@ def _raw_rows_for_logprobs(sampling: list[ScheduledRequest], logits: torch.Tenso
 def _gather_draft_probs(sampling: list[ScheduledRequest]) -> torch.Tensor:
     parts = []
     for s in sampling:
-        if s.num_drafts == 0:
+        if s.k == 0:
             continue
         probs = s.request.draft_probs
-        if probs is None or probs.shape[0] < s.num_drafts:
+        if probs is None or probs.shape[0] < s.k:
             have = 0 if probs is None else probs.shape[0]
             raise MissingDraftProbsError(
-                f"request {s.request.request_id}: {s.num_drafts} drafts to verify but {have} "
+                f"request {s.request.request_id}: {s.k} drafts to verify but {have} "
                 "draft-probability rows stored")
-        parts.append(probs[:s.num_drafts])
+        parts.append(probs[:s.k])
     return torch.cat(parts, dim=0)  # [sum k, V]

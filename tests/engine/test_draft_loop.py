@@ -12,6 +12,7 @@ import random
 import pytest
 
 from specserve.engine import SamplingParams
+from specserve.engine.runner.drafter import Drafter
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -66,12 +67,12 @@ def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_
     chained_calls = _count_launches(chained)
     a = chained.generate(prompts, params)
     with monkeypatch.context() as m:
-        m.setattr("specserve.engine.runner.model_runner.can_chain", lambda sampling, loop: False)
+        m.setattr(Drafter, "can_chain", lambda self, sampling: False)
         after_read = make_llm(pair[0], **kwargs)
         after_read_calls = _count_launches(after_read)
         b = after_read.generate(prompts, params)
     host = make_llm(pair[0], **kwargs)
-    host.core.runner.draft_loop = None          # every pass through the host path
+    host.core.runner.speculator.drafter.loop = None   # every pass through the host path
     c = host.generate(prompts, params)
     assert chained_calls["launch_chained"] > 5, chained_calls
     assert after_read_calls["run"] > 5 and after_read_calls["launch_chained"] == 0, after_read_calls
@@ -85,7 +86,7 @@ def test_the_device_program_proposes_exactly_what_the_host_passes_do(pair, make_
 def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm, monkeypatch,
                                                                  chained):
     if not chained:
-        monkeypatch.setattr("specserve.engine.runner.model_runner.can_chain", lambda sampling, loop: False)
+        monkeypatch.setattr(Drafter, "can_chain", lambda self, sampling: False)
     prompts, params = _workload(seed=5)
     llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=4, num_kv_blocks=64)
     runner = llm.core.runner

@@ -1,8 +1,9 @@
 """Scheduler: token budget, chunking, the verification region, preemption and admission (no torch).
 
-The model is replaced by :func:`apply`, which does to each request exactly what EngineCore does
-with the runner's result: advance ``num_computed_tokens``, append the sampled token (and accepted
-drafts), commit full blocks to the prefix cache, and finish at max_tokens.
+The model is replaced by :func:`apply`, which makes up a runner's result (accepted drafts, one
+more token, new drafts) and commits it through ``Scheduler.update_from_output``, as EngineCore
+does: advance ``num_computed_tokens``, roll back rejected drafts, append the tokens, commit full
+blocks to the prefix cache, and finish at max_tokens.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import random
 
 import pytest
 
-from specserve.engine.batch import SchedulerOutput
+from specserve.engine.batch import ModelRunnerOutput, RequestResult, SchedulerOutput
 from specserve.engine.kv_cache import KVCacheManager
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler, SchedulerLimits
-from specserve.engine.types import FinishReason, SamplingParams
+from specserve.engine.types import FinishReason, SamplingParams, StepStats
 
 BS = 4
 TOKEN = 7
@@ -31,21 +32,25 @@ def req(rid: str, prompt_len: int, max_tokens: int = 4, first: int = 100) -> Req
 
 
 def apply(sched: Scheduler, so: SchedulerOutput, accept: int | None = None, drafts: int = 0) -> None:
-    """EngineCore._apply without a model: ``accept`` drafts are accepted (default all)."""
+    """Commit ``so`` through ``Scheduler.update_from_output`` as if a model had run: ``accept``
+    drafts are accepted (default all), then one more token; ``drafts`` new drafts are proposed
+    (at most ``k_next``); a request finishes at max_tokens."""
+    out = ModelRunnerOutput()
     for s in so.scheduled:
         r = s.request
-        r.num_computed_tokens = s.num_computed_before + s.num_new_tokens
+        end = s.num_computed_before + s.num_new_tokens
+        res = out.results[r.request_id] = RequestResult(num_draft_computed=end)
         if s.samples:
-            a = s.num_drafts if accept is None else min(accept, s.num_drafts)
-            r.num_computed_tokens -= s.num_drafts - a
-            new = r.draft_token_ids[:a] + [TOKEN]
-            r.clear_drafts()
-            r.token_ids.extend(new[:r.max_tokens - r.num_output_tokens])
-            if r.num_output_tokens >= r.max_tokens:
-                sched.finish(r, FinishReason.LENGTH)
-                continue
-            r.draft_token_ids = [TOKEN + 1] * min(drafts, s.num_spec_next)
-        sched.kv.commit(r, min(r.num_computed_tokens, r.num_tokens))
+            a = s.k if accept is None else min(accept, s.k)
+            res.sampled = r.draft_token_ids[:a] + [TOKEN]
+            res.new_drafts = [TOKEN + 1] * min(drafts, s.k_next)
+
+    def append_tokens(r: Request, res: RequestResult) -> None:
+        r.token_ids.extend(res.sampled[:r.max_tokens - r.num_output_tokens])
+        if r.num_output_tokens >= r.max_tokens:
+            sched.finish(r, FinishReason.LENGTH)
+
+    sched.update_from_output(so, out, StepStats(), append_tokens)
 
 
 def abort(sched: Scheduler, *request_ids: str) -> list[Request]:
@@ -113,13 +118,51 @@ def test_blocks_cover_the_next_drafts():
     r = req("a", 4)
     s.add(r)
     so = s.schedule()
-    assert so.scheduled[0].num_spec_next == 2
+    assert so.scheduled[0].k_next == 2
     assert len(r.block_ids) == 2                                  # 4 tokens + 2 drafts > 1 block
     apply(s, so, drafts=2)
     assert r.draft_token_ids == [TOKEN + 1] * 2
     so = s.schedule()
-    assert shape(so) == [("a", 3, True)] and so.scheduled[0].num_drafts == 2
+    assert shape(so) == [("a", 3, True)] and so.scheduled[0].k == 2
     abort(s, "a")
+
+
+def test_update_from_output_rolls_back_rejected_drafts_and_keeps_the_new_ones():
+    s = make(64, k=3)
+    r = req("a", 4, max_tokens=20)
+    s.add(r)
+    apply(s, s.schedule(), drafts=3)                  # prefill: 1 token, 3 drafts proposed
+    assert (r.num_output_tokens, r.draft_token_ids) == (1, [TOKEN + 1] * 3)
+    so = s.schedule()
+    sr = so.scheduled[0]
+    assert (sr.num_new_tokens, sr.k) == (4, 3)        # last token + 3 drafts
+    out = ModelRunnerOutput({"a": RequestResult(sampled=[TOKEN + 1, 99], new_drafts=[5, 6],
+                                                new_draft_probs="q", num_draft_computed=6,
+                                                num_draft_kv_ahead=1)})
+    stats = StepStats()
+    seen = []
+    s.update_from_output(so, out, stats, lambda req_, res: (seen.append(list(res.sampled)),
+                                                            req_.token_ids.extend(res.sampled)))
+    assert sr.num_accepted == 1 and seen == [[TOKEN + 1, 99]]
+    # the step computed KV for positions 4..7 (the sampled token + 3 drafts); 2 drafts rejected
+    assert r.num_computed_tokens == 4 + 4 - 2
+    assert (r.draft_token_ids, r.draft_probs) == ([5, 6], "q")
+    assert (r.num_draft_computed, r.num_draft_kv_ahead) == (6, 1)
+    assert (stats.spec_decode.num_drafts, stats.spec_decode.num_draft_tokens,
+            stats.spec_decode.num_accepted_tokens) == (1, 3, 1)
+    assert r.spec_stats.accepted_per_pos[:2] == [1, 0]
+    abort(s, "a")
+
+
+def test_update_from_output_keeps_no_drafts_of_a_finished_request():
+    s = make(64, k=2)
+    r = req("a", 4, max_tokens=2)
+    s.add(r)
+    apply(s, s.schedule(), drafts=2)
+    apply(s, s.schedule(), drafts=2)                  # reaches max_tokens
+    assert r.is_finished and r.draft_token_ids == [] and r.draft_probs is None
+    assert "a" not in s.requests
+    s.kv.pool.check_all_free()
 
 
 def test_budget_must_hold_a_verification():
@@ -154,7 +197,7 @@ def test_verification_region_is_never_split_by_the_budget():
         end = computed + n
         assert end <= verify_start or end == r.num_tokens_with_drafts, (computed, n, r)
         if end == r.num_tokens_with_drafts:
-            assert so.scheduled[0].samples and so.scheduled[0].num_drafts == len(r.draft_token_ids)
+            assert so.scheduled[0].samples and so.scheduled[0].k == len(r.draft_token_ids)
 
 
 def test_a_verification_that_does_not_fit_waits_for_the_next_step():

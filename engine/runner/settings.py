@@ -1,0 +1,34 @@
+"""The speculation settings the runner's parts share (one object, read-only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """``num_speculative_tokens`` is k_max, the most drafts a request proposes per step (0: no
+    draft model, plain decoding through the same sampler call). ``rejection_method`` is
+    ``probabilistic`` (min(1, p/q)) or ``strict`` (accept only the target's own sample);
+    ``draft_sample_method`` is ``sample`` (q kept per draft) or ``greedy`` (one-hot q, not
+    stored). ``max_model_len`` bounds how far a request may draft."""
+
+    num_speculative_tokens: int
+    max_model_len: int
+    rejection_method: str = "probabilistic"
+    draft_sample_method: str = "sample"
+
+    @property
+    def store_probs(self) -> bool:
+        """Whether each draft's q row is kept (with the request, surviving preemption)."""
+        return self.num_speculative_tokens > 0 and self.draft_sample_method == "sample"
+
+    @property
+    def greedy_drafts(self) -> bool:
+        return self.draft_sample_method == "greedy"
+
+    def budget(self, request, k_next: int, num_new: int) -> int:
+        """Drafts ``request`` proposes after committing ``num_new`` tokens, given the k the
+        controller chose for it this step (``k_next``)."""
+        return request.spec_budget(min(self.num_speculative_tokens, k_next), self.max_model_len,
+                                   num_new=num_new)
