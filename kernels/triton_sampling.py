@@ -78,6 +78,19 @@ DEFAULT = Tuning()
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False)
 
+# Which tuning a call gets when it names none. Measured on an H100 (2026-11-24, V = 151,936 bf16,
+# `python -m specserve.bench.rejection_sampler --sweep`, CUDA-graph replays): the verification
+# with DEFAULT takes 0.65-0.74x LEGACY's time at B (k + 1) >= 256 rows (B = 64 and 256), but
+# 1.1-1.4x at <= 72 rows (B = 1 and 8), where the row pass is too short to stream; draft
+# sampling with DEFAULT is no faster (1.17x at B = 64, 0.98x at B = 256), so it keeps LEGACY.
+WIDE_ROWS = 128
+DRAFT_TUNING = LEGACY
+
+
+def verification_tuning(rows: int) -> Tuning:
+    """The tuning of a verification over ``rows`` target rows (B (k + 1))."""
+    return DEFAULT if rows >= WIDE_ROWS else LEGACY
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -198,7 +211,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
                  positions: torch.Tensor, store_probs: bool, *,
                  probs_out: Optional[torch.Tensor] = None, block: Optional[int] = None,
                  chunk: Optional[int] = None,
-                 tuning: Tuning = DEFAULT) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                 tuning: Optional[Tuning] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``, in ``probs_out`` when
     given); see ref_sampling."""
     logits = _rowwise(logits)
@@ -211,6 +224,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         assert q.shape == (b, vocab) and q.dtype == torch.float32 and q.is_contiguous()
     if b == 0:
         return tokens, q
+    tuning = tuning or DRAFT_TUNING
     pl = plan(vocab, b, dev, block, chunk, tuning)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
     part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race=True,
@@ -230,7 +244,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
                      min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                      method: str, max_num_draft_tokens: Optional[int] = None, *,
                      block: Optional[int] = None, chunk: Optional[int] = None,
-                     tuning: Tuning = DEFAULT) -> torch.Tensor:
+                     tuning: Optional[Tuning] = None) -> torch.Tensor:
     """[B, max_k + 1] int64: accepted drafts, one recovered/bonus token, -1 padding.
 
     A draft token with draft probability 0 is treated as rejected (the reference raises).
@@ -250,6 +264,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     if drafts.numel() == 0:
         drafts = torch.zeros(1, dtype=torch.int64, device=dev)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
+    tuning = tuning or verification_tuning(rows)
     pl = plan(vocab, rows, dev, block, chunk, tuning)
     strict = method == "strict"
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
