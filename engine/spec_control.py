@@ -151,11 +151,13 @@ class Calibration:
     draft: list[float]
     padded: bool = False
     seconds: float = 0.0      # how long the calibration took
+    catchup_token: float = 0.0   # seconds per token of the draft's KV-only catch-up forward
 
     def as_dict(self) -> dict:
         return {"batches": self.batches, "widths": self.widths, "padded": self.padded,
                 "target_seconds": [[round(t, 7) for t in row] for row in self.target],
                 "draft_pass_seconds": [round(t, 7) for t in self.draft],
+                "catchup_seconds_per_token": round(self.catchup_token, 9),
                 "calibration_seconds": round(self.seconds, 3)}
 
 
@@ -207,6 +209,10 @@ class CostModel:
         d = _interp(cal.batches, cal.draft, batch, cal.padded) if k_draft else 0.0
         return t + k_draft * d
 
+    def catchup_seconds(self, tokens: int) -> float:
+        """The draft's forward over ``tokens`` committed tokens it skipped while k was 0."""
+        return tokens * self.cal.catchup_token
+
     def step_seconds(self, batch: int, k: int) -> float:
         """A steady step: verify k drafts, propose k."""
         b = self.bucket(batch)
@@ -240,6 +246,8 @@ class Row:
     bucket: int               # temperature bucket
     budget: int               # drafts it may still take (k shrinks near max_tokens)
     pinned: Optional[int] = None   # k fixed for this request (seeded sampling), or None
+    lag: int = 0              # committed tokens the draft's KV must catch up on before drafting
+    remaining: int = 0        # tokens it may still generate (0: unknown)
 
 
 @dataclass
@@ -254,13 +262,17 @@ class KController:
     """Chooses each step's k; ``force`` (tests) overrides it: ``force(row) -> k`` per row."""
 
     HYSTERESIS = 1.03        # a new k must promise this much more than the current one
-    # Leaving k = 0 costs more than the model's step times show: every row's draft KV must first
-    # catch up on the tokens committed while nobody drafted (one draft prefill per row), so a
-    # switch up from 0 must promise a clear gain. Measured on an H100 (8B-like target, batch 16):
-    # near-ties flipping in and out of 0 made adaptive 0.46x plain with a self-draft.
-    LEAVE_ZERO = 1.15
+    # Leaving k = 0 costs more than the step times show: every row's draft KV must first catch
+    # up on the tokens committed while nobody drafted (``Row.lag``; a draft forward over all of
+    # them, ``CostModel.catchup_seconds``). A switch up is taken only if the time it saves over
+    # the next HORIZON_STEPS steps (or the batch's remaining tokens, if fewer) pays for that.
+    # Measured on an H100 (8B-like target, batch 16): near-ties flipping in and out of 0 without
+    # this made adaptive 0.46x plain with a self-draft.
+    HORIZON_STEPS = 32
     EXPLORE_EVERY = 50       # steps at k = 0 before the first probing step at k = 1 ...
     EXPLORE_MAX = 800        # ... doubling after each probe that does not pay, up to this
+    PROBE_BUDGET = 0.02      # a probe (its catch-up included) costs at most this share of the
+    #                          time spent at k = 0 since the last one; otherwise it waits
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -269,6 +281,7 @@ class KController:
         self.force: Optional[Callable[[Row], int]] = None
         self.current = k_max if mode == "fixed" else min(k_max, 2)
         self.steps_at_zero = 0
+        self.seconds_at_zero = 0.0   # predicted seconds of those steps
         self.explore_every = self.EXPLORE_EVERY
         self.last: Optional[Decision] = None
         self.measured_tps: Optional[_Ema] = None   # committed tokens/s of decode steps
@@ -290,22 +303,44 @@ class KController:
         tokens = self._expected_tokens_by_k(rows)
         goodput = [tokens[k] / self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
-        margin = self.LEAVE_ZERO if self.current == 0 else self.HYSTERESIS
-        if goodput[best] < goodput[self.current] * margin:
+        if goodput[best] < goodput[self.current] * self.HYSTERESIS:
             best = self.current
+        lag = sum(r.lag for r in rows if r.pinned is None and r.budget > 0)   # rows that would draft
+        leaving_zero = best > 0 and self.current == 0   # (while drafting, new prompts go to the draft)
+        if leaving_zero and lag and not self._catchup_pays(rows, tokens, goodput, best, lag):
+            best = 0
         if best == 0:
             self.steps_at_zero += 1
-            if self.steps_at_zero >= self.explore_every:   # refresh the acceptance estimates
-                self.steps_at_zero, best = 0, 1
+            self.seconds_at_zero += self.cost.step_seconds(batch, pin)
+            if self.steps_at_zero >= self.explore_every and self._probe_affordable(batch, pin, lag):
+                self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                 self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
         else:
-            self.steps_at_zero = 0
+            self.steps_at_zero, self.seconds_at_zero = 0, 0.0
             if self.current != 0:                          # speculation paid beyond a probe
                 self.explore_every = self.EXPLORE_EVERY
         self.current = best
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
+
+    def _catchup_pays(self, rows: list[Row], tokens: list[float], goodput: list[float], k: int,
+                      lag: int) -> bool:
+        """Whether drafting at ``k`` saves, over the horizon, more than the draft's catch-up
+        on ``lag`` skipped tokens costs."""
+        horizon = self.HORIZON_STEPS * tokens[k]
+        remaining = sum(r.remaining for r in rows)
+        if remaining and all(r.remaining for r in rows):
+            horizon = min(horizon, remaining)
+        saved = horizon / goodput[0] - horizon / goodput[k] if goodput[0] > 0 and goodput[k] > 0 else 0.0
+        return saved > self.cost.catchup_seconds(lag)
+
+    def _probe_affordable(self, batch: int, pin: int, lag: int) -> bool:
+        """A probing step at k = 1 (its catch-up and its wider step) within PROBE_BUDGET of the
+        time spent at k = 0 since the last probe."""
+        cost = self.cost.catchup_seconds(lag) + max(
+            0.0, self.cost.step_seconds(batch, max(1, pin)) - self.cost.step_seconds(batch, pin))
+        return cost <= self.PROBE_BUDGET * self.seconds_at_zero
 
     def _expected_tokens_by_k(self, rows: list[Row]) -> list[float]:
         """Sum over rows of E(min(k, budget)) (pinned rows: their pin) for every batch k.
@@ -388,7 +423,9 @@ class SpecControl:
         p = req.params
         budget = max(0, min(self.controller.k_max, req.draft_room(self.max_model_len) - 1))
         pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
-        return Row(req.request_id, temperature_bucket(p.temperature), budget, pinned)
+        lag = max(0, req.num_tokens - 1 - req.num_draft_computed)
+        return Row(req.request_id, temperature_bucket(p.temperature), budget, pinned, lag,
+                   max(0, req.max_tokens - req.num_output_tokens))
 
     def plan(self, scheduled: list) -> None:
         sampling = [s for s in scheduled if s.samples]

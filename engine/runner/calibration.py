@@ -105,8 +105,21 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
-    cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0)
+    catchup = _catchup_seconds_per_token(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
+    cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
+                      catchup_token=catchup)
     log.info("adaptive k: calibrated in %.2fs; target step (ms) by batch %s x width %s: %s; "
-             "draft pass (ms): %s", cal.seconds, batches, widths,
-             [[round(t * 1e3, 3) for t in row] for row in target], [round(t * 1e3, 3) for t in draft])
+             "draft pass (ms): %s; draft catch-up: %.2f us/token", cal.seconds, batches, widths,
+             [[round(t * 1e3, 3) for t in row] for row in target], [round(t * 1e3, 3) for t in draft],
+             catchup * 1e6)
     return cal
+
+
+def _catchup_seconds_per_token(runner, blocks: list[int], k_max: int, rows: int, warmup: int,
+                               repeats: int) -> float:
+    """The draft's KV-only forward over ``rows`` x _CONTEXT committed tokens (what a request
+    pays to draft again after steps at k = 0), per token."""
+    vocab = runner.vocab_size
+    items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(_CONTEXT)], 0, r.block_ids, 0)
+             for i, r in enumerate(_requests(rows, blocks, k_max))]
+    return _timed(lambda: runner._draft_forward(items), runner.device, warmup, repeats) / (rows * _CONTEXT)

@@ -156,3 +156,35 @@ def test_batch_expected_tokens_equal_the_formula_row_by_row():
         want = sum(expected_tokens(ctl.acceptance.rates(r.request_id, r.bucket),
                                    min(r.pinned if r.pinned is not None else k, r.budget)) for r in rows)
         assert got[k] == pytest.approx(want, rel=1e-12)
+
+
+def _lagging(ctl: KController, batch: int, lag: int, remaining: int) -> int:
+    return ctl.decide([Row(f"r{i}", 0, K, lag=lag, remaining=remaining) for i in range(batch)]).k
+
+
+def test_leaving_zero_must_pay_for_the_drafts_catch_up():
+    """A cheap, always-right draft: worth it for a long way to go, not for a few tokens when the
+    draft first has to catch up on 200 skipped tokens per row (10 us each)."""
+    cal = _cal(0.05)
+    cal.catchup_token = 10e-6
+    near_end = KController(K, "adaptive", CostModel(cal))
+    long_way = KController(K, "adaptive", CostModel(cal))
+    for ctl in (near_end, long_way):
+        for _ in range(200):
+            ctl.acceptance.record("x", 0, K, K)
+        ctl.current = 0
+    assert _lagging(near_end, 16, lag=200, remaining=4) == 0
+    assert _lagging(long_way, 16, lag=200, remaining=1000) > 0
+    assert _lagging(near_end, 16, lag=0, remaining=4) > 0     # nothing to catch up: no cost
+
+
+def test_probes_wait_until_their_catch_up_is_a_small_share_of_the_time_at_zero():
+    cal = _cal(1.0)
+    cal.catchup_token = 1e-3                  # 1 ms per skipped token: a probe over 64 rows is dear
+    ctl = KController(K, "adaptive", CostModel(cal))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, 0)
+    ks = [_lagging(ctl, 64, lag=100, remaining=0) for _ in range(3 * ctl.EXPLORE_EVERY)]
+    assert ks.count(1) == 0                   # 6.4 s of catch-up vs 2% of 1.5 s at zero
+    ks = [_lagging(ctl, 64, lag=0, remaining=0) for _ in range(ctl.EXPLORE_EVERY)]
+    assert ks.count(1) == 1                   # nothing to catch up: the overdue probe runs
