@@ -298,20 +298,21 @@ def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> lis
     seen: dict[tuple[int, int], int] = {}
     for r in range(1, max(1, max_rows) + 1):
         kind = 0 if r == 1 else (1 if r % 16 == 0 else 2)
-        seen.setdefault((plan(vocab, r, device).tiles, kind), r)
+        seen.setdefault((plan(vocab, r, device, tuning=DRAFT_TUNING).tiles, kind), r)
     return sorted(seen.values())
 
 
 def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
                    device: torch.device) -> tuple[list[int], list[tuple[int, int]]]:
     """(draft-sampling row counts, rejection-sampling (requests, drafts) shapes) whose launches
-    reach every variant of the kernels: the row pass's loop bound over B (k + 1) rows, the final
-    race's over B rows, and the output width over k."""
-    first: dict[tuple[int, int, int], tuple[int, int]] = {}
+    reach every variant of the kernels: the tuning and the row pass's loop bound over B (k + 1)
+    rows, the final race's over B rows, and the output width over k."""
+    first: dict[tuple, tuple[int, int]] = {}
     for reqs in range(1, max(1, max_reqs) + 1):
-        race_tiles = race_plan(vocab, reqs, device).tiles
         for k in range(max_drafts + 1):
-            key = (plan(vocab, reqs * (k + 1), device).tiles, race_tiles, triton.next_power_of_2(k + 1))
+            t = verification_tuning(reqs * (k + 1))   # each tuning compiles variants of its own
+            key = (t, plan(vocab, reqs * (k + 1), device, tuning=t).tiles,
+                   race_plan(vocab, reqs, device, tuning=t).tiles, triton.next_power_of_2(k + 1))
             first.setdefault(key, (reqs, k))
     shapes = set(first.values())
     return _representative_rows(vocab, max_reqs, device), sorted(shapes)

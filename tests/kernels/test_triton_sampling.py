@@ -250,19 +250,23 @@ else:
         monkeypatch.setattr(TS, "_sm_count", lambda index: 132)
         dev = torch.device("cuda", 0)                      # plan() only reads the SM count
         draft_rows, shapes = TS.warm_up_shapes(vocab, max_reqs, max_drafts, dev)
-        tiles = lambda rows: TS.plan(vocab, rows, dev).tiles  # noqa: E731
-        width = lambda k: 1 << k.bit_length()              # next power of two of k + 1  # noqa: E731
+        tiles = lambda rows: TS.plan(vocab, rows, dev, tuning=TS.DRAFT_TUNING).tiles  # noqa: E731
         assert {tiles(b) for b in range(1, max_reqs + 1)} == {tiles(b) for b in draft_rows}
+
+        def variant(reqs: int, k: int) -> tuple:
+            """What a verification compiles for: its tuning (chosen by its row count), the row
+            pass's and the final race's loop bounds under it, and the output width."""
+            t = TS.verification_tuning(reqs * (k + 1))
+            return (t, TS.plan(vocab, reqs * (k + 1), dev, tuning=t).tiles,
+                    TS.race_plan(vocab, reqs, dev, tuning=t).tiles, 1 << k.bit_length())
+
         every = [(r, k) for r in range(1, max_reqs + 1) for k in range(max_drafts + 1)]
-        assert {tiles(r * (k + 1)) for r, k in every} <= {tiles(r * (k + 1)) for r, k in shapes}
-        race_tiles = lambda reqs: TS.race_plan(vocab, reqs, dev).tiles  # noqa: E731
-        assert {race_tiles(r) for r, _ in every} <= {race_tiles(r) for r, _ in shapes}  # final race
-        assert {width(k) for _, k in every} <= {width(k) for _, k in shapes}       # finalize
+        assert {variant(r, k) for r, k in every} <= {variant(r, k) for r, k in shapes}
         assert all(r <= max_reqs and k <= max_drafts for r, k in shapes)
         # the partials' width is fixed per vocabulary and covers every plan's chunk count
         pad = TS._chunks_pad(vocab, 1024)
-        assert all(TS.plan(vocab, rows, dev).num_chunks <= pad
-                   for rows in range(1, max_reqs * (max_drafts + 1) + 1))
+        assert all(TS.plan(vocab, rows, dev, tuning=t).num_chunks <= pad
+                   for rows in range(1, max_reqs * (max_drafts + 1) + 1) for t in (TS.LEGACY, TS.DEFAULT))
 
     @pytest.mark.parametrize("method,with_probs,store", [("probabilistic", True, True),
                                                           ("strict", False, True),
