@@ -65,11 +65,11 @@ class Drafter:
                 continue
             accepted = res.sampled
             valid = _draft_kv_valid(req, len(accepted))
-            committed = req.token_ids + accepted
-            k = self.settings.budget(req, s.k_next, len(accepted))
+            k = self.settings.budget(req, s.k_next, len(accepted)) if s.k_next else 0
             if k == 0:
                 res.num_draft_computed = valid
                 continue
+            committed = req.token_ids + accepted
             if len(committed) - valid == 1 and valid > 0:
                 valid -= 1  # re-feed one known token: every catch-up is 2 tokens, as the loop expects
             proposals.append(_Proposal(req, committed, valid, k))
