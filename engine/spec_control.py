@@ -222,10 +222,24 @@ class CostModel:
         over = self.overhead.get(b)
         return self.device_seconds(batch, k, k) + (over.value if over else 0.0)
 
+    STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
+
     def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float) -> None:
-        """A decode-only step that verified ``k_verify`` and proposed ``k_draft`` drafts per row."""
+        """A decode-only step that verified ``k_verify`` and proposed ``k_draft`` drafts per row.
+
+        A stall (a kernel compiled on first use, the draft's catch-up after steps at k = 0, a
+        host hiccup) is not the cost of that k: taught as is, one such step (seconds, against
+        milliseconds) makes its k look slow for dozens of steps, and the controller leaves a
+        good k for a losing one. Each step counts at most STALL times what was expected, so a
+        real change in cost still comes through within a few steps."""
         b = self.bucket(batch)
-        residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
+        predicted = self.device_seconds(batch, k_verify, k_draft)
+        over = self.overhead.get(b)
+        cell = self.cells.get((b, k_draft)) if k_verify == k_draft else None
+        expect = cell.value if cell is not None and cell.count >= self.MIN_SAMPLES else \
+            predicted + (over.value if over else 0.0)
+        seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
+        residual = max(0.0, seconds - predicted)
         self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
         if k_verify == k_draft:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
