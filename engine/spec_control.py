@@ -293,7 +293,10 @@ class KController:
         self.k_max, self.mode, self.cost = k_max, mode, cost
         self.acceptance = acceptance or AcceptanceModel(k_max)
         self.force: Optional[Callable[[Row], int]] = None
-        self.current = k_max if mode == "fixed" else min(k_max, 2)
+        # adaptive starts from plain decoding: the first k > 0 must pay for itself, catch-up
+        # included (on an H100 a start at k = 2 with a useless draft paid a first-use compile
+        # of the draft's catch-up, 0.9 s, in its first requests)
+        self.current = k_max if mode == "fixed" else 0
         self.steps_at_zero = 0
         self.seconds_at_zero = 0.0   # predicted seconds of those steps
         self.explore_every = self.EXPLORE_EVERY
