@@ -61,7 +61,7 @@ def draft_program_cost(core: EngineCore, bandwidth_bytes_per_s: Optional[float],
     loop = runner.draft_loop
     if loop is None:
         raise ValueError("this engine has no draft model")
-    k = loop.k
+    k = loop.k_max
     rows = []
     for i, item in enumerate(forward_items(batch, 2, context, runner.block_size,
                                            core.info.num_kv_blocks, runner.vocab_size)):

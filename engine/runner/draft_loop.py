@@ -1,7 +1,7 @@
 """The draft's k proposal passes as one device program, replayed as CUDA graphs.
 
 Input per request: its last two committed tokens, their position, how many drafts it takes
-(``num_drafts``, at most k), its block table and sampling parameters. The program runs the
+(``k``, at most ``k_max``), its block table and sampling parameters. The program runs the
 2-token catch-up pass and samples draft 1, then k - 1 one-token passes, each fed the tokens the
 previous pass sampled. Positions, KV slots, sequence lengths and next inputs are computed on the
 device, so the host copies the inputs once, launches the program and reads the [B, k] draft
@@ -52,7 +52,7 @@ class LoopRow:
     request: Request
     last_two: list[int]      # the last two committed tokens (the catch-up pass feeds them)
     start: int               # absolute position of last_two[0]
-    num_drafts: int          # drafts to propose, 1..k
+    k: int                   # drafts to propose, 1..k_max
     position: int            # output index draft 1 will occupy (its RNG key)
 
 
@@ -70,10 +70,10 @@ def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 class DraftLoop:
     """Static buffers and (on CUDA) the captured graphs of the proposal program."""
 
-    def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], num_spec: int, vocab: int,
+    def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], k_max: int, vocab: int,
                  max_batch: int, max_blocks: int, max_model_len: int, block_size: int,
                  store_probs: bool, greedy: bool, device: torch.device):
-        self.model, self.kv, self.k, self.vocab = model, kv, num_spec, vocab
+        self.model, self.kv, self.k_max, self.vocab = model, kv, k_max, vocab
         self.block_size, self.max_model_len = block_size, max_model_len
         self.store_probs, self.greedy, self.device = store_probs, greedy, device
         self.buckets = buckets_up_to(max_batch)
@@ -81,9 +81,9 @@ class DraftLoop:
         self.ints = torch.zeros((8, bmax), dtype=torch.int64, device=device)
         self.floats = torch.ones((3, bmax), dtype=torch.float32, device=device)
         self.block_tables = torch.zeros((bmax, max_blocks), dtype=torch.int32, device=device)
-        self.tokens = torch.zeros((bmax, num_spec), dtype=torch.int64, device=device)   # [B, k]
+        self.tokens = torch.zeros((bmax, k_max), dtype=torch.int64, device=device)   # [B, k]
         # [k, B, V]: pass j writes the contiguous slab probs[j, :b]
-        self.probs = (torch.zeros((num_spec, bmax, vocab), dtype=torch.float32, device=device)
+        self.probs = (torch.zeros((k_max, bmax, vocab), dtype=torch.float32, device=device)
                       if store_probs else None)
         self.qsl = torch.arange(0, 2 * (bmax + 1), dtype=torch.int32, device=device)  # step 1 or 2
         layers = model.spec.num_layers
@@ -93,9 +93,9 @@ class DraftLoop:
         self._pool = None
 
     @staticmethod
-    def probs_bytes(num_spec: int, max_batch: int, vocab: int) -> int:
+    def probs_bytes(k_max: int, max_batch: int, vocab: int) -> int:
         """Device memory of the draft-probability buffer (sized at start-up with the KV cache)."""
-        return num_spec * buckets_up_to(max_batch)[-1] * vocab * 4
+        return k_max * buckets_up_to(max_batch)[-1] * vocab * 4
 
     # ---- the program -------------------------------------------------------------------------
     def _slots(self, b: int, pos: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -156,7 +156,7 @@ class DraftLoop:
         carried: list = []
         pieces = [lambda: carried.append(self._catch_up_head(b)),
                   lambda: self._catch_up_tail(b, carried[-1])]
-        pieces += [lambda j=j: self._pass(b, j) for j in range(1, self.k)]
+        pieces += [lambda j=j: self._pass(b, j) for j in range(1, self.k_max)]
         return pieces, carried
 
     # ---- capture and run ---------------------------------------------------------------------
@@ -168,7 +168,7 @@ class DraftLoop:
                                                                        self._pool)
         torch.cuda.synchronize()
         log.info("captured the draft's proposal program (%d graphs each, k=%d) for %d batch buckets "
-                 "<= %d in %.1fs", self.k + 1, self.k, len(self.graphs), self.buckets[-1],
+                 "<= %d in %.1fs", self.k_max + 1, self.k_max, len(self.graphs), self.buckets[-1],
                  time.monotonic() - t0)
 
     def fits(self, num_rows: int) -> bool:
@@ -176,16 +176,16 @@ class DraftLoop:
 
     @torch.inference_mode()
     def run(self, rows: list[LoopRow]) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
-        """Drafts of each row (``num_drafts`` tokens) and, when probabilities are stored, each
-        row's q as a [num_drafts, V] fp32 tensor of its own."""
+        """Drafts of each row (``k`` tokens) and, when probabilities are stored, each row's q as
+        a [k, V] fp32 tensor of its own."""
         n = len(rows)
         lead = [[r.last_two[0] for r in rows], [r.last_two[1] for r in rows],
-                [r.start for r in rows], [r.num_drafts for r in rows]]
+                [r.start for r in rows], [r.k for r in rows]]
         b = self._load([r.request for r in rows], [r.position for r in rows], lead,
-                       [r.num_drafts for r in rows])
-        self._launch(b, max(r.num_drafts for r in rows))
+                       [r.k for r in rows])
+        self._launch(b, max(r.k for r in rows))
         table = self.tokens[:n].tolist()   # the draft's one host read of the step
-        return self.collect(table, [r.num_drafts for r in rows])
+        return self.collect(table, [r.k for r in rows])
 
     @torch.inference_mode()
     def launch_chained(self, requests: list[Request], verified: torch.Tensor,
@@ -208,21 +208,21 @@ class DraftLoop:
                                              ext.gather(1, new.unsqueeze(1))], 1).t()
         ints[_START, :n] += new - 2
         ints[_NUM_DRAFTS, :n] = torch.clamp(torch.minimum(ints[_NUM_DRAFTS, :n] - new, ints[_CAP, :n]),
-                                            0, self.k)
+                                            0, self.k_max)
         ints[_POSITION, :n] += new
         # at least one token is committed, so no row takes more than room - 1 drafts
-        self._launch(b, max(min(self.k, cap, r.draft_room(max_model_len) - 1)
+        self._launch(b, max(min(self.k_max, cap, r.draft_room(max_model_len) - 1)
                             for r, cap in zip(requests, caps)))
 
-    def collect(self, table: list[list[int]], num_drafts: list[int]
+    def collect(self, table: list[list[int]], ks: list[int]
                 ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
-        """Each row's first ``num_drafts`` drafts from the read ``table`` and, when probabilities
-        are stored, their q [num_drafts, V] as tensors of their own (the next run overwrites the
+        """Each row's first ``k`` drafts (``ks``) from the read ``table`` and, when probabilities
+        are stored, their q [k, V] as tensors of their own (the next run overwrites the
         buffer)."""
-        drafts = [t[:k] for t, k in zip(table, num_drafts)]
+        drafts = [t[:k] for t, k in zip(table, ks)]
         if self.probs is None:
             return drafts, [None] * len(drafts)
-        return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(num_drafts)]
+        return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(ks)]
 
     def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],
               caps: list[int]) -> int:
@@ -247,12 +247,12 @@ class DraftLoop:
         self.block_tables[:b].copy_(tables, non_blocking=True)
         return b
 
-    def _launch(self, b: int, num_drafts: int) -> None:
-        """Run the program up to draft ``num_drafts`` (the most any row takes): near max_tokens
+    def _launch(self, b: int, k: int) -> None:
+        """Run the program up to draft ``k`` (the most any row takes): near max_tokens
         every row may take fewer than k, and the passes no row needs are skipped."""
-        if num_drafts <= 0:
+        if k <= 0:
             return
-        upto = num_drafts + 1                     # the catch-up's two pieces, then passes 2..
+        upto = k + 1                     # the catch-up's two pieces, then passes 2..
         if b in self.graphs:
             for graph in self.graphs[b][:upto]:
                 graph.replay()

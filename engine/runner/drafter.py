@@ -169,7 +169,7 @@ class Drafter:
                 _keep_level(s, results.setdefault(req.request_id, RequestResult()), kv_only)
                 continue
             sampling.append(req)
-            caps.append(min(loop.k, s.k_next))
+            caps.append(min(loop.k_max, s.k_next))
             if caps[-1] and req.num_draft_computed < req.num_tokens - 1:
                 kv_only.append(ForwardItem(req.token_ids[req.num_draft_computed:req.num_tokens - 1],
                                            req.num_draft_computed, req.block_ids, 0))

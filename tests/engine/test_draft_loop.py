@@ -101,7 +101,7 @@ def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm,
             if num_drafts:
                 allowed |= {req.block_ids[p // bs] * bs + p % bs
                             for p in range(start, start + num_drafts + 1)}
-            seen["short"] += num_drafts < loop.k
+            seen["short"] += num_drafts < loop.k_max
         for old, (new, _) in zip(before, runner.draft_kv):
             diff = (old != new).flatten(2).any(-1).flatten()              # [num_blocks * block_size]
             changed = set(torch.nonzero(diff).flatten().tolist())
@@ -114,10 +114,10 @@ def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm,
     def checked_run(rows):
         before = [k.clone() for k, _ in runner.draft_kv]
         drafts, probs = run(rows)
-        check_kv(before, [(r.request, r.start, r.num_drafts) for r in rows])
+        check_kv(before, [(r.request, r.start, r.k) for r in rows])
         for row, d, q in zip(rows, drafts, probs):
-            assert len(d) == row.num_drafts and q.shape == (row.num_drafts, runner.vocab_size)
-            assert torch.allclose(q.sum(-1), torch.ones(row.num_drafts), atol=1e-4)
+            assert len(d) == row.k and q.shape == (row.k, runner.vocab_size)
+            assert torch.allclose(q.sum(-1), torch.ones(row.k), atol=1e-4)
             assert all(q[j, t] > 0 for j, t in enumerate(d)), "a draft outside its own distribution"
         return drafts, probs
 
@@ -125,7 +125,7 @@ def test_the_program_writes_draft_kv_only_where_a_request_drafts(pair, make_llm,
         before = [k.clone() for k, _ in runner.draft_kv]
         launch_chained(requests, verified, max_model_len, caps)
         new = (verified >= 0).sum(1).tolist()
-        check_kv(before, [(r, r.num_tokens + n - 2, max(0, min(loop.k, cap, r.draft_room(max_model_len) - n)))
+        check_kv(before, [(r, r.num_tokens + n - 2, max(0, min(loop.k_max, cap, r.draft_room(max_model_len) - n)))
                           for r, n, cap in zip(requests, new, caps)])
 
     loop.run, loop.launch_chained = checked_run, checked_launch
