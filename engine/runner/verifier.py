@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine.batch import RequestResult, ScheduledRequest
-from specserve.engine.runner.logits import RowContext, apply_processors, logprobs_for
+from specserve.engine.runner.logits import RowContext, apply_processors, logprobs_for, needs_processing
 from specserve.engine.runner.sampling_inputs import SamplingTensors
 from specserve.engine.runner.transfer import to_device
 from specserve.kernels import ops
@@ -49,13 +49,14 @@ def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, m
                        draft_probs_expected: bool, device: torch.device) -> Verification:
     """logits: [sum(k_b + 1), V] target rows, request by request (drafts then bonus row)."""
     reqs = [s.request for s in sampling]
-    rows: list[RowContext] = []
-    for s in sampling:
-        out = s.request.output_token_ids
-        drafts = s.request.draft_token_ids[:s.k]
-        rows.extend(RowContext(s.request, out + drafts[:j]) for j in range(s.k + 1))
     raw = _raw_rows_for_logprobs(sampling, logits)
-    apply_processors(logits, rows)
+    if any(needs_processing(r) for r in reqs):   # each row's history costs O(k x output length)
+        rows: list[RowContext] = []
+        for s in sampling:
+            out = s.request.output_token_ids
+            drafts = s.request.draft_token_ids[:s.k]
+            rows.extend(RowContext(s.request, out + drafts[:j]) for j in range(s.k + 1))
+        apply_processors(logits, rows)
 
     ks = [s.k for s in sampling]
     cu = to_device(list(itertools.accumulate(ks, initial=0)), torch.int32, device)
