@@ -35,7 +35,8 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from specserve.bench import shapes
-from specserve.bench.engines import GenerationRun, ModelCache, free_device_memory, random_prompts
+from specserve.bench.engines import (GenerationRun, ModelCache, free_device_memory, random_prompts,
+                                     run_generation)
 from specserve.engine.core import EngineCore
 from specserve.engine.spec_control import KController
 from specserve.engine.types import SamplingParams, SpecDecodeStats
@@ -175,35 +176,12 @@ def _count(hist: list[int], ks: list[int]) -> None:
 
 def generate(core: EngineCore, prompts: list[list[int]], temperature: float, output_len: int,
              tag: str) -> CellRun:
-    """All prompts at once, exactly ``output_len`` tokens each; tokens/s of the decode phase."""
-    params = _params(temperature, output_len)
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"{tag}-{i}", prompt, params)
-    run = GenerationRun(len(prompts), output_len)
-    cell = CellRun(run)
-    started: set[str] = set()
-    t_start = time.perf_counter()
-    t_decode: Optional[float] = None
-    at_decode = 0
-    while core.has_unfinished():
-        outs, stats = core.step()
-        run.num_steps += 1
-        run.total_tokens += stats.num_generation_tokens
-        run.spec.merge(stats.spec_decode)
-        if t_decode is not None:
-            run.decode_steps += 1
-            _count(cell.chosen_k, stats.spec_chosen_k)
-        for out in outs:
-            if out.outputs[0].token_ids:
-                started.add(out.request_id)
-        if t_decode is None and len(started) == len(prompts):
-            t_decode, at_decode = time.perf_counter(), run.total_tokens
-    t_end = time.perf_counter()
-    run.total_seconds = t_end - t_start
-    if t_decode is not None:
-        run.decode_seconds = t_end - t_decode
-        run.decode_tokens = run.total_tokens - at_decode
-    return cell
+    """All prompts at once, exactly ``output_len`` tokens each; tokens/s of the decode phase and
+    the k chosen for each row at each decode step (unseeded, as ``_params``)."""
+    chosen: list[int] = []
+    run = run_generation(core, prompts, output_len, tag, temperature=temperature,
+                         on_decode_step=lambda stats: _count(chosen, stats.spec_chosen_k))
+    return CellRun(run, chosen)
 
 
 def cell_row(cell: CellRun) -> dict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.bench.roofline import DecodeMeasurement
 from specserve.bench.timing import median, synchronize
 
 
@@ -204,25 +205,14 @@ def decode_one_token(model: PeerDecoder, token: torch.Tensor, input_pos: torch.T
 
 
 @dataclass
-class PeerMeasurement:
-    prompt_len: int
-    warmup_steps: int
-    steps: int
-    seconds: float
-    median_step_s: float
-    min_step_s: float
+class PeerMeasurement(DecodeMeasurement):
+    """Our decode measurement's fields, plus how the peer was compiled."""
+
     compile_mode: str                  # reduce-overhead | default | eager
     compile_note: str                  # why eager, when it is
     first_call_s: float                # the first decode call: compiling included (capture is the 2nd)
     cudagraph_skips: Optional[int]     # graphs Inductor declined to capture (reduce-overhead ran
                                        # without CUDA graphs there: launch-bound)
-
-    @property
-    def tok_per_s(self) -> float:
-        return self.steps / self.seconds
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "tok_per_s": self.tok_per_s}
 
 
 def _cudagraph_skips() -> Optional[int]:

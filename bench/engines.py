@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -30,7 +30,7 @@ from specserve.engine.runner.inputs import ForwardItem
 from specserve.engine.runner.model_runner import KVLayout, ModelRunner
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
-from specserve.engine.types import SamplingParams, SpecDecodeStats
+from specserve.engine.types import SamplingParams, SpecDecodeStats, StepStats
 from specserve.kernels.backend import set_backend
 
 MAX_K = 16   # the largest k any engine of a cache may use (RoPE tables are sized for it)
@@ -249,9 +249,12 @@ def random_prompts(batch: int, length: int, vocab_size: int, seed: int) -> list[
 
 
 def run_generation(core: EngineCore, prompts: list[list[int]], output_len: int, tag: str,
-                   max_steps: int = 100000) -> GenerationRun:
-    """Greedy, ``ignore_eos``, exactly ``output_len`` tokens per prompt; step until all finish."""
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+                   max_steps: int = 100000, temperature: float = 0.0,
+                   on_decode_step: Optional[Callable[[StepStats], None]] = None) -> GenerationRun:
+    """``ignore_eos``, exactly ``output_len`` tokens per prompt (greedy unless ``temperature``,
+    unseeded); step until all finish. ``on_decode_step`` sees the stats of every decode-phase
+    step (after every request has its first token)."""
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts):
         core.add_request(rid, prompt, params)
@@ -269,6 +272,8 @@ def run_generation(core: EngineCore, prompts: list[list[int]], output_len: int, 
         run.spec.merge(stats.spec_decode)
         if t_decode is not None:
             run.decode_steps += 1
+            if on_decode_step is not None:
+                on_decode_step(stats)
         for out in outs:
             if out.outputs[0].token_ids:
                 started.add(out.request_id)
