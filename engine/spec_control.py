@@ -215,12 +215,17 @@ class CostModel:
 
     def step_seconds(self, batch: int, k: int) -> float:
         """A steady step: verify k drafts, propose k."""
+        return self._expected(batch, k, k)
+
+    def _expected(self, batch: int, k_verify: int, k_draft: int) -> float:
+        """The measured cell of a steady step once it has MIN_SAMPLES, else the calibration plus
+        the host residual learnt at this batch bucket."""
         b = self.bucket(batch)
-        cell = self.cells.get((b, k))
+        cell = self.cells.get((b, k_draft)) if k_verify == k_draft else None
         if cell is not None and cell.count >= self.MIN_SAMPLES:
             return cell.value
         over = self.overhead.get(b)
-        return self.device_seconds(batch, k, k) + (over.value if over else 0.0)
+        return self.device_seconds(batch, k_verify, k_draft) + (over.value if over else 0.0)
 
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
 
@@ -232,14 +237,10 @@ class CostModel:
         milliseconds) makes its k look slow for dozens of steps, and the controller leaves a
         good k for a losing one. Each step counts at most STALL times what was expected, so a
         real change in cost still comes through within a few steps."""
-        b = self.bucket(batch)
-        predicted = self.device_seconds(batch, k_verify, k_draft)
-        over = self.overhead.get(b)
-        cell = self.cells.get((b, k_draft)) if k_verify == k_draft else None
-        expect = cell.value if cell is not None and cell.count >= self.MIN_SAMPLES else \
-            predicted + (over.value if over else 0.0)
+        expect = self._expected(batch, k_verify, k_draft)
         seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
-        residual = max(0.0, seconds - predicted)
+        b = self.bucket(batch)
+        residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
         self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
         if k_verify == k_draft:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
@@ -318,7 +319,8 @@ class KController:
         batch = len(rows)
         pin = max((r.pinned for r in rows if r.pinned is not None), default=0)
         tokens = self._expected_tokens_by_k(rows)
-        goodput = [tokens[k] / self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
+        seconds = [self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
+        goodput = [t / s for t, s in zip(tokens, seconds)]
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
         if goodput[best] < goodput[self.current] * self.HYSTERESIS:
             best = self.current
@@ -328,8 +330,8 @@ class KController:
             best = 0
         if best == 0:
             self.steps_at_zero += 1
-            self.seconds_at_zero += self.cost.step_seconds(batch, pin)
-            if self.steps_at_zero >= self.explore_every and self._probe_affordable(batch, pin, lag):
+            self.seconds_at_zero += seconds[0]
+            if self.steps_at_zero >= self.explore_every and self._probe_affordable(seconds, lag):
                 self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                 self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
         else:
@@ -352,11 +354,10 @@ class KController:
         saved = horizon / goodput[0] - horizon / goodput[k] if goodput[0] > 0 and goodput[k] > 0 else 0.0
         return saved > self.cost.catchup_seconds(lag)
 
-    def _probe_affordable(self, batch: int, pin: int, lag: int) -> bool:
-        """A probing step at k = 1 (its catch-up and its wider step) within PROBE_BUDGET of the
-        time spent at k = 0 since the last probe."""
-        cost = self.cost.catchup_seconds(lag) + max(
-            0.0, self.cost.step_seconds(batch, max(1, pin)) - self.cost.step_seconds(batch, pin))
+    def _probe_affordable(self, seconds: list[float], lag: int) -> bool:
+        """A probing step at k = 1 (its catch-up and its wider step; ``seconds`` are this batch's
+        step times by k) within PROBE_BUDGET of the time spent at k = 0 since the last probe."""
+        cost = self.cost.catchup_seconds(lag) + max(0.0, seconds[1] - seconds[0])
         return cost <= self.PROBE_BUDGET * self.seconds_at_zero
 
     def _expected_tokens_by_k(self, rows: list[Row]) -> list[float]:

@@ -105,6 +105,7 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
+    _warm_catchup_shapes(runner, min(16, batches[-1]))
     catchup = _catchup_seconds_per_token(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
     cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
                       catchup_token=catchup)
@@ -122,7 +123,6 @@ def _catchup_seconds_per_token(runner, blocks: list[int], k_max: int, rows: int,
     vocab = runner.vocab_size
     items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(_CONTEXT)], 0, r.block_ids, 0)
              for i, r in enumerate(_requests(rows, blocks, k_max))]
-    _warm_catchup_shapes(runner, rows)
     return _timed(lambda: runner._draft_forward(items), runner.device, warmup, repeats) / (rows * _CONTEXT)
 
 
