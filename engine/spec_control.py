@@ -253,7 +253,7 @@ class CostModel:
 
 
 # ---- the decision ----------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class Row:
     """One sampling request as the controller sees it."""
 
@@ -435,21 +435,38 @@ class SpecControl:
         self.max_model_len = max_model_len
         self.pin_seeded = pin_seeded and mode == "adaptive"
         self._steps = 0
+        self._fixed: dict[str, tuple[int, Optional[int]]] = {}   # request id -> _fixed_part
         self.snapshot: dict = self.controller.snapshot()   # replaced whole, never mutated
 
-    def _row(self, req) -> Row:
+    def _fixed_part(self, req) -> tuple[int, Optional[int]]:
+        """(temperature bucket, pinned k) of a request: its parameters never change."""
         p = req.params
-        budget = max(0, min(self.controller.k_max, req.draft_room(self.max_model_len) - 1))
         pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
-        lag = max(0, req.num_tokens - 1 - req.num_draft_computed)
-        return Row(req.request_id, temperature_bucket(p.temperature), budget, pinned, lag,
-                   max(0, req.max_tokens - req.num_output_tokens))
+        return temperature_bucket(p.temperature), pinned
 
     def plan(self, scheduled: list) -> None:
-        sampling = [s for s in scheduled if s.samples]
+        """Runs every step over every sampling request: the per-row work is a few integer
+        operations (the fixed part is cached per request), so k = 0 costs next to nothing."""
+        k_max, max_len, fixed = self.controller.k_max, self.max_model_len, self._fixed
+        sampling, rows = [], []
+        for s in scheduled:
+            if not s.samples:
+                continue
+            req = s.request
+            rid = req.request_id
+            f = fixed.get(rid)
+            if f is None:
+                f = fixed[rid] = self._fixed_part(req)
+            n = len(req.token_ids)
+            left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
+            # drafts that fit before max_tokens and the context end, one token committed first
+            budget = min(k_max, left - 2, max_len - n - 2)
+            sampling.append(s)
+            rows.append(Row(rid, f[0], budget if budget > 0 else 0, f[1],
+                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
         if not sampling:
             return
-        decision = self.controller.decide([self._row(s.request) for s in sampling])
+        decision = self.controller.decide(rows)
         for s, k in zip(sampling, decision.ks):
             s.k_next = k
 
@@ -463,6 +480,7 @@ class SpecControl:
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)
+        self._fixed.pop(request_id, None)
 
     def after_step(self, scheduled: list, stats) -> None:
         """Fill the step's speculation stats; a decode-only step also refines the cost model."""
