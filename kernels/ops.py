@@ -12,6 +12,12 @@ from __future__ import annotations
 from specserve.kernels.backend import selected
 
 
+def linear(x, weight, bias=None):
+    """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x.dtype (nn.Linear's layout and maths).
+    The Triton backend runs a GEMV kernel for a few rows (decode), cuBLAS otherwise."""
+    return selected().layers.linear(x, weight, bias)
+
+
 def rms_norm(x, weight, eps):
     return selected().layers.rms_norm(x, weight, eps)
 

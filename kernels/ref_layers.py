@@ -36,6 +36,11 @@ _NEG_INF = float("-inf")
 _BATCHED_MAX_QUERY = 16
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x: [M, K], weight: [N, K] (nn.Linear's layout), bias: [N] -> [M, N] in x.dtype."""
+    return F.linear(x, weight, bias)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
     x32 = x.float()

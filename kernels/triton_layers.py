@@ -14,15 +14,28 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.kernels import triton_gemv
 from specserve.kernels.triton_attention import paged_attention
 
-__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
+__all__ = ["linear", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
            "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
     """x with a unit stride on its last dim (a copy only when it has none)."""
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x: [M, K] @ weight[N, K].T (+ bias) -> [M, N]: the GEMV kernel for up to
+    ``triton_gemv.MAX_ROWS`` rows on CUDA (or under the interpreter) where the policy allows it
+    (:func:`triton_gemv.enabled`, and :func:`triton_gemv.gemv_config` naming a launch shape),
+    ``torch.nn.functional.linear`` (cuBLAS) otherwise."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting())
+            and 1 <= m <= triton_gemv.MAX_ROWS):
+        return triton_gemv.linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 @triton.jit

@@ -1,0 +1,244 @@
+"""A matmul for few rows: ``y = x @ W.T (+ b)`` at memory bandwidth when x has 1..8 rows.
+
+At decode batch sizes every linear layer of the model is a matrix-vector product: its time is the
+time to stream the weight once. cuBLAS picks tensor-core tiles (64 x 8 on Hopper) whose launch
+shape leaves the small draft-model layers far from the bandwidth roofline. This kernel is plain
+CUDA-core arithmetic in fp32 over a weight tile read once:
+
+* program ``(n, s)`` owns ``BLOCK_N`` output columns for all ``M`` rows and the ``s``-th of
+  ``SPLIT_K`` slices of K; it streams ``[BLOCK_N, BLOCK_K]`` weight tiles with contiguous loads
+  along K (the nn.Linear layout, ``W[N, K]`` row-major) and ``[BLOCK_M, BLOCK_K]`` tiles of x;
+* ``LATE_REDUCE``: the products accumulate in a ``[BLOCK_M, BLOCK_N, BLOCK_K]`` register tile and
+  are summed over K once at the end (no cross-lane reduction per step, more registers);
+  otherwise each step reduces its tile over K into a ``[BLOCK_M, BLOCK_N]`` accumulator;
+* ``SPLIT_K == 1`` adds the bias and stores in x's dtype; ``SPLIT_K > 1`` stores fp32 partial
+  sums ``[SPLIT_K, M, N]`` and a second small kernel adds them in slice order (0, 1, ...), adds
+  the bias and rounds once. No atomics: the result is the same bit for bit on every run.
+
+Launch shapes come from :func:`gemv_config` (an explicit table by (M, N, K), no autotuning: the
+kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). Nothing
+here reads a device value on the host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
+
+__all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "enabled", "set_enabled",
+           "interpreting"]
+
+# The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
+# the process starts with SPECSERVE_GEMV=0 (then every linear is cuBLAS, as before the kernel).
+_enabled = os.environ.get("SPECSERVE_GEMV", "1").strip() != "0"
+
+
+def enabled() -> bool:
+    """Whether the Triton backend routes few-row linears to this kernel."""
+    return _enabled
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the kernel on or off for later calls (graphs already captured keep what they had)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch shape. ``split_k`` slices of K are reduced by a second kernel when > 1."""
+
+    block_n: int = 16
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+    late_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig.{name}={v}: must be a power of two")
+        if self.split_k < 1 or self.num_stages < 1:
+            raise ValueError(f"GemvConfig: split_k={self.split_k}, num_stages={self.num_stages}")
+
+    @property
+    def label(self) -> str:
+        return (f"n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}"
+                f"p{self.num_stages}{'L' if self.late_reduce else 'E'}")
+
+
+# (M rows rounded up to 1, 2, 4 or 8, N, K) -> launch shape, or None: cuBLAS is faster there.
+# Shapes not named here get _default_config. bench/gemv.py's report ends with a table in this
+# form (the best config per cell, timed on the GPU it ran on) ready to paste.
+CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {}
+
+
+def _row_bucket(m: int) -> int:
+    return 1 << (m - 1).bit_length()
+
+
+def _default_config(m: int, n: int, k: int) -> GemvConfig:
+    """A shape-only guess for shapes the table does not name: enough programs to cover an H100's
+    132 SMs about twice, splitting K when N alone gives too few column blocks."""
+    block_n = 16 if m <= 2 else 8
+    block_k = 256 if m <= 4 else 128
+    blocks = triton.cdiv(n, block_n)
+    split = 1
+    while blocks * split < 264 and k // (split * 2) >= 2 * block_k:
+        split *= 2
+    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4,
+                      late_reduce=m <= 4)
+
+
+def gemv_config(m: int, n: int, k: int) -> Optional[GemvConfig]:
+    """The launch shape for x [m, k] @ W[n, k].T, or None where cuBLAS is the better choice."""
+    if m < 1 or m > MAX_ROWS:
+        return None
+    key = (_row_bucket(m), n, k)
+    if key in CONFIG_TABLE:
+        return CONFIG_TABLE[key]
+    return _default_config(m, n, k)
+
+
+@triton.jit
+def _gemv_step(x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N, BLOCK_K] tile of products x[m, k] * w[n, k] in fp32."""
+    if EVEN_K:
+        w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
+        x = tl.load(x_base + kk[None, :], mask=m_ok, other=0.0)                    # [BM, BK]
+    else:
+        k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
+        w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
+        x = tl.load(x_base + kk[None, :], mask=m_ok & k_ok, other=0.0)
+    return x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]             # [BM, BN, BK]
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
+                 stride_xm, stride_wn, stride_om, stride_os,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 LATE_REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, WHILE_LOOP: tl.constexpr):
+    """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
+    program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
+    ``EVEN_K``: every slice is whole tiles inside K (no masks along K)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n0 = pid_n.to(tl.int64) * BLOCK_N
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # columns past N re-read the last row (always in bounds, never stored): no mask along N
+    rows = tl.minimum(offs_n, N - 1 - n0)
+    w_base = w_ptr + n0 * stride_wn + rows[:, None] * stride_wn        # [BLOCK_N, 1]
+    x_base = x_ptr + offs_m[:, None] * stride_xm                        # [BLOCK_M, 1]
+    m_ok = offs_m[:, None] < M
+    k_lo = pid_k * k_per_split
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if WHILE_LOOP:  # the CPU interpreter cannot run `range` to a runtime bound
+        k0 = 0
+        while k0 < k_per_split:
+            prod = _gemv_step(x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K)
+            if LATE_REDUCE:
+                acc3 += prod
+            else:
+                acc += tl.sum(prod, axis=2)
+            k0 += BLOCK_K
+    else:
+        for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+            prod = _gemv_step(x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K)
+            if LATE_REDUCE:
+                acc3 += prod
+            else:
+                acc += tl.sum(prod, axis=2)
+    if LATE_REDUCE:
+        acc = tl.sum(acc3, axis=2)                                                 # [BM, BN]
+    cols = n0 + offs_n
+    ok = m_ok & (cols[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        dst = out_ptr + offs_m[:, None] * stride_om + cols[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        dst = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + cols[None, :]
+        tl.store(dst, acc, mask=ok)
+
+
+@triton.jit
+def _split_reduce_kernel(part_ptr, b_ptr, out_ptr, N, stride_ps, stride_pm, stride_om,
+                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[m, n] = round(sum_s part[s, m, n] (in order s = 0, 1, ...) + bias[n])."""
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    src = part_ptr + m * stride_pm + cols
+    acc = tl.load(src, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(src + s * stride_ps, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    return (x.dim() >= 1 and weight.dim() == 2 and weight.stride(1) == 1
+            and x.shape[-1] == weight.shape[1] and x.dtype == weight.dtype
+            and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1
+                                  and bias.shape[0] == weight.shape[0]))
+            and x.device == weight.device)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           config: Optional[GemvConfig] = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x.dtype, fp32 accumulation.
+
+    Runs the GEMV kernel for 1..MAX_ROWS rows with ``config`` (default: :func:`gemv_config`);
+    anything else (more rows, a shape the table gives to cuBLAS, mixed dtypes, a weight without
+    unit stride along K) goes to ``torch.nn.functional.linear``.
+    """
+    n, k = weight.shape
+    m = x.numel() // k if k else 0
+    cfg = config if config is not None else gemv_config(m, n, k)
+    if cfg is None or not 1 <= m <= MAX_ROWS or not _launchable(x, weight, bias):
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(m, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)                    # [M, N]
+    block_m = triton.next_power_of_2(m)
+    block_k = min(cfg.block_k, triton.next_power_of_2(k))
+    split = max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
+    split = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(n, cfg.block_n), split)
+    b = bias if bias is not None else weight
+    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
+                       dst.stride(-2), dst.stride(0) if split > 1 else 0,
+                       HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+                       BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
+                       LATE_REDUCE=cfg.late_reduce, NUM_STAGES=cfg.num_stages,
+                       WHILE_LOOP=interpreting(), num_warps=cfg.num_warps)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_reduce_kernel[(m, triton.cdiv(n, block))](
+            dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4)
+    return out.reshape(*x.shape[:-1], n)

@@ -1,0 +1,99 @@
+"""The GEMV kernel (kernels/triton_gemv.py): its interpreter suite, its policy, its GPU code.
+
+* the cases of tests/kernels/_triton_gemv_interp.py run in a subprocess with TRITON_INTERPRET=1
+  (it must be set before Triton kernel modules are imported and must not leak into this process);
+* SPECSERVE_GEMV=0 turns the kernel off, the config table caps the rows and obeys its entries;
+* the kernels compile for an H100 (sm_90) with Triton's bundled ptxas at the bench's launch
+  shapes: the interpreter cannot see GPU code generation (layouts of the 3-D product, registers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[2]
+INTERP_TESTS = Path(__file__).with_name("_triton_gemv_interp.py")
+
+
+def test_interpreter_suite() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(INTERP_TESTS)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"interpreter tests failed:\n{tail}"
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
+
+
+def test_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.kernels import triton_gemv
+
+    try:
+        monkeypatch.setenv("SPECSERVE_GEMV", "0")
+        assert not importlib.reload(triton_gemv).enabled()
+        monkeypatch.setenv("SPECSERVE_GEMV", "1")
+        assert importlib.reload(triton_gemv).enabled()
+        monkeypatch.delenv("SPECSERVE_GEMV")
+        assert importlib.reload(triton_gemv).enabled()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(triton_gemv)
+
+
+def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.kernels import triton_gemv as G
+
+    assert G.gemv_config(0, 64, 64) is None and G.gemv_config(G.MAX_ROWS + 1, 64, 64) is None
+    for m in range(1, G.MAX_ROWS + 1):          # every shape is on until the table says otherwise
+        assert G.gemv_config(m, 1024, 2048) is not None
+    mine = G.GemvConfig(block_n=32, block_k=128, split_k=2, num_warps=8)
+    monkeypatch.setitem(G.CONFIG_TABLE, (4, 1024, 2048), mine)
+    monkeypatch.setitem(G.CONFIG_TABLE, (8, 1024, 2048), None)
+    assert G.gemv_config(3, 1024, 2048) is mine            # 3 rows use the 4-row entry
+    assert G.gemv_config(5, 1024, 2048) is None and G.gemv_config(8, 1024, 2048) is None
+    with pytest.raises(ValueError):
+        G.GemvConfig(block_n=24)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for the GPU")
+@pytest.mark.parametrize("block_m,block_n,block_k,split,late,warps", [
+    (1, 16, 256, 1, True, 4),      # batch 1, late reduction
+    (8, 8, 128, 4, False, 4),      # batch 8, per-step reduction, split-K partials
+    (4, 32, 512, 1, False, 8),
+])
+def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, split: int,
+                                  late: bool, warps: int) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specserve.kernels import triton_gemv as G
+
+    def build(fn, consts: dict, ptrs: dict) -> None:
+        sig = {}
+        for name in fn.arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            else:
+                sig[name] = ptrs.get(name, "*bf16") if name.endswith("_ptr") else (
+                    "i64" if name.startswith("stride") else "i32")
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        try:
+            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        except FileNotFoundError as e:  # a Triton build without its bundled ptxas
+            pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
+
+    out = {"out_ptr": "*fp32" if split > 1 else "*bf16"}
+    build(G._gemv_kernel, dict(HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                               SPLIT_K=split, EVEN_K=True, LATE_REDUCE=late, NUM_STAGES=1,
+                               WHILE_LOOP=False), out)
+    if split > 1:
+        build(G._split_reduce_kernel, dict(HAS_BIAS=True, SPLIT_K=split, BLOCK=1024),
+              {"part_ptr": "*fp32"})
