@@ -30,14 +30,22 @@ class AttentionMetadata:
 KVCache = tuple[torch.Tensor, torch.Tensor]   # each [num_blocks, block_size, kv_heads, head_dim]
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state-dict names) whose product is ``ops.linear``: the
+    Triton backend's GEMV kernel at decode row counts, cuBLAS otherwise; F.linear on CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = Linear(self.q_size, spec.hidden_size, bias=spec.o_bias)
         self.eps = spec.rms_norm_eps
         if spec.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(spec.head_dim))
@@ -61,8 +69,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
@@ -129,4 +137,4 @@ class LlamaFamilyModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [M, hidden] -> logits [M, vocab] in the model dtype."""
-        return torch.nn.functional.linear(hidden, self.lm_head_weight)
+        return ops.linear(hidden, self.lm_head_weight)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from specserve.engine.distributed.group import TPGroup
+from specserve.kernels import ops
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class ColumnParallelLinear(nn.Module):
         _copy(param.data[p.offset:p.offset + p.size], full[p.start:p.start + p.size], "column shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -77,7 +78,7 @@ class RowParallelLinear(nn.Module):
         _copy(param.data, full[:, lo:lo + self.in_local], "row shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(nn.functional.linear(x, self.weight))
+        y = self.group.all_reduce(ops.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -107,7 +108,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] and a weight split like this table -> full logits [M, V] on every rank."""
-        local = nn.functional.linear(hidden, weight)                  # [M, V / tp]
+        local = ops.linear(hidden, weight)                            # [M, V / tp]
         return self.group.all_gather_last(local)[:, :self.vocab_size]
 
 
