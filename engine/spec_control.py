@@ -288,6 +288,11 @@ class KController:
     EXPLORE_MAX = 800        # ... doubling after each probe that does not pay, up to this
     PROBE_BUDGET = 0.02      # a probe (its catch-up included) costs at most this share of the
     #                          time spent at k = 0 since the last one; otherwise it waits
+    # At k = 0 nothing the decision reads changes from one step to the next at an unchanged
+    # batch size (no verification feeds the acceptance model), so the full evaluation runs only
+    # every ZERO_RECHECK-th such step; the others cost a counter (``hold_zero``). Leaving 0 is
+    # at most ZERO_RECHECK - 1 steps late, against a catch-up horizon of HORIZON_STEPS.
+    ZERO_RECHECK = 4
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -305,10 +310,27 @@ class KController:
         self.measured_tps: Optional[_Ema] = None   # committed tokens/s of decode steps
         self.plain_tps: Optional[_Ema] = None      # predicted plain tokens/s at the same batches
         self.chosen_counts = [0] * (k_max + 1)
+        self._held = 0               # steps held at 0 since the last full evaluation
+        self._held_batch = -1        # the batch size of that evaluation
+        self._held_seconds = 0.0     # and its predicted step time at k = 0
 
     @property
     def adaptive(self) -> bool:
         return self.mode == "adaptive"
+
+    def hold_zero(self, batch: int) -> bool:
+        """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
+        full evaluation at this batch size less than ZERO_RECHECK steps ago, and no probe due.
+        A held step counts as a step at 0 (probes, ``chosen_counts``) like a decided one."""
+        if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
+                or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
+                or self.steps_at_zero + 1 >= self.explore_every):
+            return False
+        self._held += 1
+        self.steps_at_zero += 1
+        self.seconds_at_zero += self._held_seconds
+        self.chosen_counts[0] += batch
+        return True
 
     def decide(self, rows: list[Row]) -> Decision:
         if self.force is not None:
@@ -339,6 +361,7 @@ class KController:
             if self.current != 0:                          # speculation paid beyond a probe
                 self.explore_every = self.EXPLORE_EVERY
         self.current = best
+        self._held, self._held_batch, self._held_seconds = 0, batch, seconds[0]
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
@@ -447,7 +470,13 @@ class SpecControl:
     def plan(self, scheduled: list) -> None:
         """Runs every step over every sampling request: the per-row work is a few integer
         operations (the fixed part is cached per request), so k = 0 costs next to nothing."""
-        k_max, max_len, fixed = self.controller.k_max, self.max_model_len, self._fixed
+        ctl = self.controller
+        if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
+            for s in scheduled:
+                if s.samples:
+                    s.k_next = 0
+            return
+        k_max, max_len, fixed = ctl.k_max, self.max_model_len, self._fixed
         sampling, rows = [], []
         for s in scheduled:
             if not s.samples:
@@ -466,7 +495,7 @@ class SpecControl:
                             max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
         if not sampling:
             return
-        decision = self.controller.decide(rows)
+        decision = ctl.decide(rows)
         for s, k in zip(sampling, decision.ks):
             s.k_next = k
 

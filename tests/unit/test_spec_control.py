@@ -200,3 +200,44 @@ def test_a_stall_does_not_teach_the_cost_model_but_a_real_change_does():
     for _ in range(30):
         slower.observe(16, 0, 0, 0.030)               # the step really costs 3x the calibration
     assert slower.step_seconds(16, 0) > 0.027
+
+
+def _engine_step(ctl: KController, batch: int) -> int:
+    """What SpecControl.plan does: a held step at 0, else a full decision."""
+    return 0 if ctl.hold_zero(batch) else _decide(ctl, batch)
+
+
+def _bad_draft_controller() -> KController:
+    ctl = KController(K, "adaptive", CostModel(_cal(1.0)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, 0)
+    return ctl
+
+
+def test_held_steps_at_zero_decide_like_full_ones():
+    """Holding at 0 between full evaluations changes neither the k sequence (probes included)
+    nor the counts; it only skips work: one full evaluation in ZERO_RECHECK steps."""
+    held, full = _bad_draft_controller(), _bad_draft_controller()
+    evaluations = []
+    real_decide = held.decide
+    held.decide = lambda rows: evaluations.append(len(rows)) or real_decide(rows)
+    ks_held = [_engine_step(held, 8) for _ in range(400)]
+    ks_full = [_decide(full, 8) for _ in range(400)]
+    assert ks_held == ks_full and ks_held.count(1) >= 2        # the probes land on the same steps
+    assert held.chosen_counts == full.chosen_counts
+    assert len(evaluations) <= 400 // held.ZERO_RECHECK + ks_held.count(1) + 2
+
+
+def test_a_hold_ends_on_a_new_batch_size_and_within_zero_recheck_steps():
+    ctl = _bad_draft_controller()
+    assert _engine_step(ctl, 8) == 0
+    assert ctl.hold_zero(8)
+    assert not ctl.hold_zero(9)                 # another batch size: evaluate
+    ctl = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, 0)
+    assert _engine_step(ctl, 1) == 0
+    for _ in range(400):                        # the draft turns good while the batch sits at 0
+        ctl.acceptance.record("x", 0, K, K)
+    ks = [_engine_step(ctl, 1) for _ in range(ctl.ZERO_RECHECK)]
+    assert ks[-1] > 0
