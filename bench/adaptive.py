@@ -206,27 +206,52 @@ Progress = Callable[[str], None]
 
 
 def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: list[str],
-                 extra_graphs: dict, progress: Progress) -> dict:
-    """``{config: {temperature: {batch: row}}}`` for configs among "plain", "k<n>", "adaptive"."""
+                 extra_graphs: dict, progress: Progress, plain_core: Optional[EngineCore] = None,
+                 repeats: int = 1) -> dict:
+    """``{config: {temperature: {batch: row}}}`` for configs among "plain", "k<n>", "adaptive".
+
+    "plain" runs on ``plain_core`` when given (an engine without a draft), the others on
+    ``core``. In each cell plain and adaptive run first, side by side, then every fixed k, then
+    ``repeats - 1`` more plain/adaptive pairs: on a noisy host a ratio of two runs seconds apart
+    means more than one of runs minutes apart. A config run more than once shows its median
+    run, with every run's tok/s in ``runs``; adaptive adds ``over_plain_runs``, the ratio of
+    each adaptive run to the plain run just before it."""
     vocab = core.info.vocab_size
     out: dict = {c: {} for c in configs}
+    engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
     warm = random_prompts(min(4, max(s.batch_sizes)), s.prompt_len, vocab, s.seed + 999)
+    paired = [c for c in ("plain", "adaptive") if c in configs]
+    order = paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
     for t in s.temperatures:
         for c in configs:        # a short warm-up per configuration and temperature
-            with _config(core, c, extra_graphs):
-                generate(core, warm, t, 8, f"{label}-{c}-warm-{t}")
+            with _config(engine[c], c, extra_graphs):
+                generate(engine[c], warm, t, 8, f"{label}-{c}-warm-{t}")
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, s.seed + 1000 * b)
             n = s.output_len_for(b)
-            line = []
+            runs: dict[str, list[dict]] = {c: [] for c in configs}
+            for i, c in enumerate(order):
+                with _config(engine[c], c, extra_graphs):
+                    cell = generate(engine[c], prompts, t, n, f"{label}-{c}-{t}-{b}-{i}")
+                runs[c].append(cell_row(cell))
             for c in configs:
-                with _config(core, c, extra_graphs):
-                    cell = generate(core, prompts, t, n, f"{label}-{c}-{t}-{b}")
-                row = cell_row(cell)
-                out[c].setdefault(t, {})[b] = row
-                line.append(f"{c} {_fmt(row['tok_per_s'])}")
-            progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): " + ", ".join(line))
+                out[c].setdefault(t, {})[b] = _median_row(runs[c])
+            if len(paired) == 2:
+                out["adaptive"][t][b]["over_plain_runs"] = [
+                    a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"] else None
+                    for p, a in zip(runs["plain"], runs["adaptive"])]
+            progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): "
+                     + ", ".join(f"{c} {_fmt(out[c][t][b]['tok_per_s'])}" for c in configs))
     return out
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """The run with the median tok/s (the lower middle one of an even count), with every run's
+    tok/s under ``runs``."""
+    ranked = sorted(runs, key=lambda r: r["tok_per_s"] or 0.0)
+    row = dict(ranked[(len(ranked) - 1) // 2])
+    row["runs"] = [r["tok_per_s"] for r in runs]
+    return row
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ SECTIONS = ("roofline", "verify", "sampler", "e2e", "peer", "serve", "adaptive")
 # what runs without --sections: adaptive (about 7 minutes on an H100 by itself) is asked for by name
 DEFAULT_SECTIONS = SECTIONS[:6]
 ADAPTIVE_TARGETS = ("1.7b", "4b")
+ADAPTIVE_PAIRS = ("unrelated", "self", "mid")   # the drafts of section adaptive (bench/sections_adaptive.py)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class BenchOptions:
     adaptive_ramp_output_len: int = 128
     adaptive_ramp_rate: float = 2.0         # arrivals per plain decode step while climbing
     adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
+    adaptive_pairs: tuple[str, ...] = ("unrelated", "self", "mid")   # ADAPTIVE_PAIRS
+    adaptive_repeats: int = 3               # runs of no-spec and adaptive per cell, side by side
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.sections) - set(SECTIONS))
@@ -72,6 +75,10 @@ class BenchOptions:
             raise ValueError(f"--adaptive-target must be one of {', '.join(ADAPTIVE_TARGETS)}")
         if min(self.adaptive_ks) < 1 or max(self.adaptive_ks) > 16 or min(self.adaptive_batch_sizes) < 1:
             raise ValueError("--adaptive-ks must lie in 1..16 and --adaptive-batch-sizes be positive")
+        if not self.adaptive_pairs or set(self.adaptive_pairs) - set(ADAPTIVE_PAIRS):
+            raise ValueError(f"--adaptive-pairs must name some of {', '.join(ADAPTIVE_PAIRS)}")
+        if self.adaptive_repeats < 1:
+            raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
             raise ValueError("--adaptive-mid-layers, --adaptive-ramp-requests and the ramp rate must be positive")
 
@@ -91,7 +98,8 @@ QUICK = dict(batch_sizes=(1, 4), prompt_len=16, output_len=16, max_model_len=256
              serve_concurrency=(1, 4), serve_output_len=8, serve_timeout=120.0, cpu_threads=1,
              adaptive_batch_sizes=(1, 4), adaptive_ks=(1, 2, 4), adaptive_prompt_len=8,
              adaptive_output_len=8, adaptive_cell_tokens=16, adaptive_mid_layers=1,
-             adaptive_ramp_requests=8, adaptive_ramp_output_len=8, adaptive_ramp_rate=1.0)
+             adaptive_ramp_requests=8, adaptive_ramp_output_len=8, adaptive_ramp_rate=1.0,
+             adaptive_repeats=2)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -99,6 +107,10 @@ def _ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -160,6 +172,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--no-adaptive-exact-widths", dest="adaptive_exact_widths", action="store_const",
                    const=False, default=None,
                    help="fixed k uses the adaptive engine's padded verification widths")
+    a.add_argument("--adaptive-pairs", type=_names, default=None,
+                   help=f"comma-separated draft pairs to measure, of {','.join(ADAPTIVE_PAIRS)} (default all; "
+                        "the ramp runs with mid)")
+    a.add_argument("--adaptive-repeats", type=int, default=None,
+                   help="runs of no-spec and adaptive per cell, each adaptive run right after a no-spec "
+                        "one; the table shows the median run and the median of the paired ratios "
+                        "(default 3; fixed k runs once)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:

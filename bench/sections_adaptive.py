@@ -8,6 +8,7 @@ and draws the plots.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -63,14 +64,16 @@ def adaptive(ctx: BenchContext) -> Section:
                   "exact_width_graphs": {}}
     fixed = [f"k{k}" for k in s.ks]
 
-    core = ad.build_core(cache, dirs["target"], None, s)
+    # the plain engine stays up beside each pair's engine: every cell runs both side by side
+    plain_core = ad.build_core(cache, dirs["target"], None, s)
     ctx.log("adaptive: plain engine ready")
-    plain = ad.measure_grid(core, s, "plain", ["plain"], {}, ctx.log)["plain"]
-    data["ramp"]["plain"] = ad.measure_ramp(core, s, ["plain"], {}, RAMP_TEMPERATURE, "plain",
-                                            ctx.log)["plain"]
-    ad.drop(core, ctx.device)
+    if RAMP_PAIR in o.adaptive_pairs:
+        data["ramp"]["plain"] = ad.measure_ramp(plain_core, s, ["plain"], {}, RAMP_TEMPERATURE,
+                                                "plain", ctx.log)["plain"]
     core = None
     for pair, label in PAIRS:
+        if pair not in o.adaptive_pairs:
+            continue
         draft_dir = dirs["target"] if pair == "self" else dirs[pair]
         try:
             core = ad.build_core(cache, dirs["target"], draft_dir, s)
@@ -79,9 +82,8 @@ def adaptive(ctx: BenchContext) -> Section:
                     f"{'n/a' if cal is None else f'{cal.seconds:.1f}s'})")
             extra = ad.capture_exact_widths(core, s.ks, ctx.log) if o.adaptive_exact_widths else {}
             data["exact_width_graphs"][pair] = sorted(q for _, q in extra)
-            grid = ad.measure_grid(core, s, pair, fixed + ["adaptive"], extra, ctx.log)
-            grid["plain"] = plain
-            data["grid"][pair] = grid
+            data["grid"][pair] = ad.measure_grid(core, s, pair, ["plain"] + fixed + ["adaptive"], extra,
+                                                 ctx.log, plain_core, o.adaptive_repeats)
             if pair == RAMP_PAIR:
                 data["ramp"].update(ad.measure_ramp(core, s, fixed + ["adaptive"], extra,
                                                     RAMP_TEMPERATURE, pair, ctx.log))
@@ -93,6 +95,7 @@ def adaptive(ctx: BenchContext) -> Section:
         finally:
             ad.drop(core, ctx.device)
             core = None
+    ad.drop(plain_core, ctx.device)
     cache.release()
     rows = _rows(data, s)
     data["acceptance"] = _acceptance(data, s)
@@ -144,6 +147,9 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                 row = _compare(cell["plain"]["tok_per_s"],
                                {f"k{k}": cell[f"k{k}"]["tok_per_s"] for k in s.ks},
                                cell["adaptive"]["tok_per_s"])
+                paired = [r for r in cell["adaptive"].get("over_plain_runs", []) if r]
+                if len(paired) > 1:   # side-by-side runs: the median of their ratios
+                    row["adaptive_over_plain"] = statistics.median(paired)
                 row.update(pair=label, temperature=t, batch=str(b), label=f"{label}, T={t:g}, batch {b}",
                            mean_k=_mean_k(cell["adaptive"]["chosen_k"]),
                            accept_len=cell["adaptive"]["acceptance_length"], goal=goal)
@@ -218,13 +224,18 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         f"Tokens/s of the decode phase (from the step in which every request had its first token); "
         f"prompts of {s.prompt_len} random ids, max(output_len {s.output_len}, {s.cell_tokens} / batch) "
         "tokens per request, ignore_eos, unseeded (seeded sampled requests are pinned to k = 0). "
-        "One run per cell after a warm-up per configuration and temperature.",
+        f"A warm-up per configuration and temperature, then in each cell: no speculation and "
+        f"adaptive side by side, every fixed k once, and {ctx.opts.adaptive_repeats - 1} more "
+        "no-spec/adaptive pairs. No-spec and adaptive show their median run; ad/no-spec is the "
+        "median of the paired ratios (each adaptive run over the no-spec run just before it), "
+        "since the host's speed drifts over minutes.",
         f"One engine per pair with k_max = {s.k_max} in adaptive mode (start-up calibration "
         "included); a fixed-k run swaps in a controller that forces k on every row (the adaptive "
         "controller keeps its own estimates across cells, as a server would). With CUDA graphs a "
         "fixed k also gets a verification graph of exactly k + 1 tokens per row (captured widths: "
         f"{data['exact_width_graphs'] or 'none'}), as an engine started with that k would have; "
-        "adaptive pads to the runner's widths 2/3/5/9. No speculation is a plain engine.",
+        "adaptive pads to the runner's widths 2/3/5/9. No speculation is a plain engine, up for "
+        "the whole section beside each pair's engine.",
         f"Ramp: {s.ramp_requests} requests of {s.ramp_output_len} tokens (T = {RAMP_TEMPERATURE:g}, "
         f"truncated-draft pair) arrive on a token clock, one per {1 / s.ramp_rate:g} plain steps at "
         "the current batch, and leave first in first out: the batch climbs from 1 to its peak and "
