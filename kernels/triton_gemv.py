@@ -2,15 +2,19 @@
 
 At decode batch sizes every linear layer of the model is a matrix-vector product: its time is the
 time to stream the weight once. cuBLAS picks tensor-core tiles (64 x 8 on Hopper) whose launch
-shape leaves the small draft-model layers far from the bandwidth roofline. This kernel is plain
-CUDA-core arithmetic in fp32 over a weight tile read once:
+shape leaves the small draft-model layers far from the bandwidth roofline. This kernel reads
+each weight tile once, accumulating in fp32:
 
 * program ``(n, s)`` owns ``BLOCK_N`` output columns for all ``M`` rows and the ``s``-th of
   ``SPLIT_K`` slices of K; it streams ``[BLOCK_N, BLOCK_K]`` weight tiles with contiguous loads
-  along K (the nn.Linear layout, ``W[N, K]`` row-major) and ``[BLOCK_M, BLOCK_K]`` tiles of x;
-* ``LATE_REDUCE``: the products accumulate in a ``[BLOCK_M, BLOCK_N, BLOCK_K]`` register tile and
-  are summed over K once at the end (no cross-lane reduction per step, more registers);
-  otherwise each step reduces its tile over K into a ``[BLOCK_M, BLOCK_N]`` accumulator;
+  along K (the nn.Linear layout, ``W[N, K]`` row-major) and ``[BLOCK_M, BLOCK_K]`` tiles of x,
+  ``num_stages`` tiles in flight (Triton's software pipelining of the K loop);
+* ``mode`` says how a tile's products are summed: ``"late"`` accumulates them in a
+  ``[BLOCK_M, BLOCK_N, BLOCK_K]`` register tile and sums over K once at the end (no cross-lane
+  reduction per step; best at one row), ``"step"`` sums each tile over K into a
+  ``[BLOCK_M, BLOCK_N]`` accumulator, ``"dot"`` hands the tile to the tensor cores as
+  ``W_tile @ x_tile.T`` with x padded to 16 rows (for several rows the CUDA-core FMAs, M per
+  weight element, cost more than the bytes);
 * ``SPLIT_K == 1`` adds the bias and stores in x's dtype; ``SPLIT_K > 1`` stores fp32 partial
   sums ``[SPLIT_K, M, N]`` and a second small kernel adds them in slice order (0, 1, ...), adds
   the bias and rounds once. No atomics: the result is the same bit for bit on every run.
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
+MODES = ("late", "step", "dot")
 
 __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "enabled", "set_enabled",
            "interpreting"]
@@ -66,26 +71,87 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
-    late_reduce: bool = True
+    mode: str = "late"
+
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"GemvConfig.{name}={v}: must be a power of two")
+        if self.mode not in MODES:
+            raise ValueError(f"GemvConfig.mode={self.mode!r}: expected one of {MODES}")
+        if self.mode == "dot" and min(self.block_n, self.block_k) < 16:
+            raise ValueError("GemvConfig: mode 'dot' needs block_n and block_k >= 16")
         if self.split_k < 1 or self.num_stages < 1:
             raise ValueError(f"GemvConfig: split_k={self.split_k}, num_stages={self.num_stages}")
 
     @property
     def label(self) -> str:
         return (f"n{self.block_n}k{self.block_k}s{self.split_k}w{self.num_warps}"
-                f"p{self.num_stages}{'L' if self.late_reduce else 'E'}")
+                f"p{self.num_stages}{self.mode}")
 
 
 # (M rows rounded up to 1, 2, 4 or 8, N, K) -> launch shape, or None: cuBLAS is faster there.
 # Shapes not named here get _default_config. bench/gemv.py's report ends with a table in this
-# form (the best config per cell, timed on the GPU it ran on) ready to paste.
-CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {}
+# form (the best config per cell, timed on the GPU it ran on) ready to paste. These entries: the
+# best config per cell of two H100 runs (2026-11-25; the 0.6B shapes from --grid wide), speedup
+# over cuBLAS in the comment; every cell is on, even the one within noise of cuBLAS.
+# Shapes: Qwen3-0.6B (N or K 1024), Llama-3-8B and Qwen3-8B (hidden 4096).
+CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {
+    (1, 1024, 2048): GemvConfig(4, 512, 1, 4, 4, "late"),  # o 1.49x
+    (2, 1024, 2048): GemvConfig(4, 512, 1, 4, 4, "late"),  # o 1.43x
+    (4, 1024, 2048): GemvConfig(4, 512, 1, 4, 4, "late"),  # o 1.31x
+    (8, 1024, 2048): GemvConfig(64, 256, 1, 4, 4, "dot"),  # o 1.01x
+    (1, 1024, 3072): GemvConfig(4, 512, 1, 4, 4, "late"),  # down 1.66x
+    (2, 1024, 3072): GemvConfig(4, 512, 1, 4, 4, "late"),  # down 1.61x
+    (4, 1024, 3072): GemvConfig(4, 512, 1, 4, 4, "late"),  # down 1.50x
+    (8, 1024, 3072): GemvConfig(64, 256, 4, 4, 4, "dot"),  # down 1.18x
+    (1, 4096, 1024): GemvConfig(8, 256, 1, 4, 4, "late"),  # qkv 0.97x
+    (2, 4096, 1024): GemvConfig(64, 256, 1, 4, 4, "dot"),  # qkv 1.05x
+    (4, 4096, 1024): GemvConfig(64, 256, 1, 4, 4, "dot"),  # qkv 1.03x
+    (8, 4096, 1024): GemvConfig(64, 256, 1, 4, 4, "dot"),  # qkv 1.06x
+    (1, 4096, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # o 1.20x
+    (2, 4096, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # o 1.15x
+    (4, 4096, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # o 1.08x
+    (8, 4096, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # o 1.09x
+    (1, 4096, 12288): GemvConfig(8, 512, 1, 4, 3, "late"),  # down 1.10x
+    (2, 4096, 12288): GemvConfig(8, 512, 1, 4, 3, "late"),  # down 1.08x
+    (4, 4096, 12288): GemvConfig(64, 128, 4, 4, 4, "dot"),  # down 1.04x
+    (8, 4096, 12288): GemvConfig(64, 128, 4, 4, 4, "dot"),  # down 1.04x
+    (1, 4096, 14336): GemvConfig(8, 512, 1, 4, 3, "late"),  # down 1.08x
+    (2, 4096, 14336): GemvConfig(8, 512, 1, 4, 3, "late"),  # down 1.07x
+    (4, 4096, 14336): GemvConfig(64, 128, 4, 4, 4, "dot"),  # down 1.03x
+    (8, 4096, 14336): GemvConfig(64, 128, 4, 4, 4, "dot"),  # down 1.03x
+    (1, 6144, 1024): GemvConfig(4, 256, 1, 4, 3, "late"),  # gate_up 1.03x
+    (2, 6144, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.11x
+    (4, 6144, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.08x
+    (8, 6144, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.08x
+    (1, 6144, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # qkv 1.05x
+    (2, 6144, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # qkv 1.06x
+    (4, 6144, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # qkv 1.07x
+    (8, 6144, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # qkv 1.06x
+    (1, 24576, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # gate_up 1.06x
+    (2, 24576, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # gate_up 1.06x
+    (4, 24576, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.04x
+    (8, 24576, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.04x
+    (1, 28672, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # gate_up 1.05x
+    (2, 28672, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # gate_up 1.04x
+    (4, 28672, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.03x
+    (8, 28672, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # gate_up 1.03x
+    (1, 128256, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # lm_head 1.10x
+    (2, 128256, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # lm_head 1.10x
+    (4, 128256, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.09x
+    (8, 128256, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.08x
+    (1, 151936, 1024): GemvConfig(4, 512, 1, 4, 3, "late"),  # lm_head 1.10x
+    (2, 151936, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.09x
+    (4, 151936, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.09x
+    (8, 151936, 1024): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.08x
+    (1, 151936, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # lm_head 1.09x
+    (2, 151936, 4096): GemvConfig(4, 512, 1, 4, 3, "late"),  # lm_head 1.09x
+    (4, 151936, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.07x
+    (8, 151936, 4096): GemvConfig(64, 128, 1, 4, 4, "dot"),  # lm_head 1.07x
+}
 
 
 def _row_bucket(m: int) -> int:
@@ -93,16 +159,18 @@ def _row_bucket(m: int) -> int:
 
 
 def _default_config(m: int, n: int, k: int) -> GemvConfig:
-    """A shape-only guess for shapes the table does not name: enough programs to cover an H100's
-    132 SMs about twice, splitting K when N alone gives too few column blocks."""
-    block_n = 16 if m <= 2 else 8
-    block_k = 256 if m <= 4 else 128
-    blocks = triton.cdiv(n, block_n)
-    split = 1
-    while blocks * split < 264 and k // (split * 2) >= 2 * block_k:
+    """A shape-only guess for shapes the table does not name (from the H100 sweeps): one row, and
+    up to 4 rows of a narrow weight, on the CUDA cores with narrow column blocks and long K
+    tiles; more rows on the tensor cores. K is split when the column blocks alone would leave
+    an H100's 132 SMs idle."""
+    if m == 1 or (m <= 4 and n <= 2048):
+        cfg = GemvConfig(block_n=4, block_k=512, num_stages=4, mode="late")
+    else:
+        cfg = GemvConfig(block_n=64, block_k=128, num_stages=4, mode="dot")
+    blocks, split = triton.cdiv(n, cfg.block_n), 1
+    while blocks * split < 132 and k // (split * 2) >= 4 * cfg.block_k:
         split *= 2
-    return GemvConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4,
-                      late_reduce=m <= 4)
+    return GemvConfig(cfg.block_n, cfg.block_k, split, cfg.num_warps, cfg.num_stages, cfg.mode)
 
 
 def gemv_config(m: int, n: int, k: int) -> Optional[GemvConfig]:
@@ -116,8 +184,10 @@ def gemv_config(m: int, n: int, k: int) -> Optional[GemvConfig]:
 
 
 @triton.jit
-def _gemv_step(x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N, BLOCK_K] tile of products x[m, k] * w[n, k] in fp32."""
+def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """Add one K tile's products to ``acc`` ([BN, BM] for "dot", [BM, BN, BK] for "late",
+    [BM, BN] for "step")."""
     if EVEN_K:
         w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
         x = tl.load(x_base + kk[None, :], mask=m_ok, other=0.0)                    # [BM, BK]
@@ -125,7 +195,15 @@ def _gemv_step(x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr):
         k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
         w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
         x = tl.load(x_base + kk[None, :], mask=m_ok & k_ok, other=0.0)
-    return x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]             # [BM, BN, BK]
+    if MODE == "dot":
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)              # [BN, BM]
+    else:
+        prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]         # [BM, BN, BK]
+        if MODE == "late":
+            acc += prod
+        else:
+            acc += tl.sum(prod, axis=2)
+    return acc
 
 
 @triton.jit
@@ -133,7 +211,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om, stride_os,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 LATE_REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, WHILE_LOOP: tl.constexpr):
+                 MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
+                 WHILE_LOOP: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K)."""
@@ -149,26 +228,26 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
     x_base = x_ptr + offs_m[:, None] * stride_xm                        # [BLOCK_M, 1]
     m_ok = offs_m[:, None] < M
     k_lo = pid_k * k_per_split
-    acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if MODE == "dot":
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif MODE == "late":
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if WHILE_LOOP:  # the CPU interpreter cannot run `range` to a runtime bound
         k0 = 0
         while k0 < k_per_split:
-            prod = _gemv_step(x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K)
-            if LATE_REDUCE:
-                acc3 += prod
-            else:
-                acc += tl.sum(prod, axis=2)
+            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
+                              PRECISION)
             k0 += BLOCK_K
     else:
         for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            prod = _gemv_step(x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K)
-            if LATE_REDUCE:
-                acc3 += prod
-            else:
-                acc += tl.sum(prod, axis=2)
-    if LATE_REDUCE:
-        acc = tl.sum(acc3, axis=2)                                                 # [BM, BN]
+            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
+                              PRECISION)
+    if MODE == "dot":
+        acc = tl.trans(acc)                                                        # [BM, BN]
+    elif MODE == "late":
+        acc = tl.sum(acc, axis=2)                                                  # [BM, BN]
     cols = n0 + offs_n
     ok = m_ok & (cols[None, :] < N)
     if SPLIT_K == 1:
@@ -205,6 +284,19 @@ def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
             and x.device == weight.device)
 
 
+# Shared memory the pipelined tiles may take: an H100 has 227 KiB per block, and Triton keeps
+# num_stages - 1 weight + x tiles there (an fp32 model at a bf16-tuned "dot" config asked for
+# 240 KiB = 3 x 80 KiB on the H100 and failed to launch).
+_STAGE_BYTES = 160 * 1024
+
+
+def _stages_that_fit(cfg: GemvConfig, block_m: int, elt: int) -> int:
+    """cfg.num_stages, fewer where num_stages - 1 weight + x tiles would pass _STAGE_BYTES (the
+    table is tuned in bf16; an fp32 model gets the same tiles with fewer stages)."""
+    per_stage = (cfg.block_n + block_m) * cfg.block_k * elt
+    return max(1, min(cfg.num_stages, _STAGE_BYTES // per_stage + 1))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            config: Optional[GemvConfig] = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x.dtype, fp32 accumulation.
@@ -222,7 +314,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)                    # [M, N]
-    block_m = triton.next_power_of_2(m)
+    block_m = max(triton.next_power_of_2(m), 16 if cfg.mode == "dot" else 1)   # dot: >= 16
+    stages = _stages_that_fit(cfg, block_m, x.element_size())
     block_k = min(cfg.block_k, triton.next_power_of_2(k))
     split = max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
@@ -234,7 +327,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
                        dst.stride(-2), dst.stride(0) if split > 1 else 0,
                        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                        BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
-                       LATE_REDUCE=cfg.late_reduce, NUM_STAGES=cfg.num_stages,
+                       MODE=cfg.mode, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                       NUM_STAGES=stages,
                        WHILE_LOOP=interpreting(), num_warps=cfg.num_warps)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))

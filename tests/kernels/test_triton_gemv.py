@@ -59,18 +59,20 @@ def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(G.CONFIG_TABLE, (8, 1024, 2048), None)
     assert G.gemv_config(3, 1024, 2048) is mine            # 3 rows use the 4-row entry
     assert G.gemv_config(5, 1024, 2048) is None and G.gemv_config(8, 1024, 2048) is None
-    with pytest.raises(ValueError):
-        G.GemvConfig(block_n=24)
+    for bad in (dict(block_n=24), dict(mode="fast"), dict(mode="dot", block_n=8)):
+        with pytest.raises(ValueError):
+            G.GemvConfig(**bad)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for the GPU")
-@pytest.mark.parametrize("block_m,block_n,block_k,split,late,warps", [
-    (1, 16, 256, 1, True, 4),      # batch 1, late reduction
-    (8, 8, 128, 4, False, 4),      # batch 8, per-step reduction, split-K partials
-    (4, 32, 512, 1, False, 8),
+@pytest.mark.parametrize("block_m,block_n,block_k,split,mode,stages,warps", [
+    (1, 4, 512, 1, "late", 3, 4),     # batch 1: the default
+    (8, 8, 128, 4, "step", 1, 4),     # per-step reduction, split-K partials
+    (16, 32, 128, 1, "dot", 4, 4),    # 2-8 rows on the tensor cores: the default
+    (16, 64, 256, 2, "dot", 3, 8),
 ])
 def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, split: int,
-                                  late: bool, warps: int) -> None:
+                                  mode: str, stages: int, warps: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -86,14 +88,15 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
                     "i64" if name.startswith("stride") else "i32")
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         try:
-            triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps, "num_stages": stages})
         except FileNotFoundError as e:  # a Triton build without its bundled ptxas
             pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
 
     out = {"out_ptr": "*fp32" if split > 1 else "*bf16"}
     build(G._gemv_kernel, dict(HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                               SPLIT_K=split, EVEN_K=True, LATE_REDUCE=late, NUM_STAGES=1,
-                               WHILE_LOOP=False), out)
+                               SPLIT_K=split, EVEN_K=True, MODE=mode, PRECISION="tf32",
+                               NUM_STAGES=stages, WHILE_LOOP=False), out)
     if split > 1:
         build(G._split_reduce_kernel, dict(HAS_BIAS=True, SPLIT_K=split, BLOCK=1024),
               {"part_ptr": "*fp32"})
