@@ -42,11 +42,13 @@ def buckets_up_to(max_batch: int) -> list[int]:
 
 
 def verify_widths(k_max: int) -> list[int]:
-    """Query lengths the verification graphs are captured at for drafts up to ``k_max``: 2, 3,
-    5, 9, 17 (k = 1, 2, 4, 8, 16) and k_max + 1. A step verifying k drafts replays the next
-    width up, so a k that changes every step never captures anything; the cost model knows the
-    padding (engine/spec_control.py)."""
-    widths = {q for q in (2, 3, 5, 9, 17) if q <= k_max + 1}
+    """Query lengths the verification graphs are captured at for drafts up to ``k_max``: every
+    width 2..9 (k = 1..8), then 17 and k_max + 1. A step verifying k drafts replays the next
+    width up, so a k that changes every step never captures anything. Up to k = 8 each k has
+    its own width: padded to the next of 2/3/5/9, adaptive k paid up to a width-9 verification
+    for k = 5 and lost 10-15% to a fixed k = 5 engine on an H100 at batch 64 (the cost model
+    knows any padding left, engine/spec_control.py)."""
+    widths = {q for q in (*range(2, 10), 17) if q <= k_max + 1}
     return sorted(widths | {k_max + 1})
 
 
