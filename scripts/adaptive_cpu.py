@@ -2,12 +2,15 @@
 adaptive k, for the embedded demo pair and for an unrelated random draft on the demo tokenizer,
 at batch 1 and 16. Prints a markdown table (docs/speculation.md keeps one).
 
-    python scripts/adaptive_cpu.py [--output-len 64] [--repeats 2] [--json out.json]
+    python scripts/adaptive_cpu.py [--output-len 64] [--repeats 3] [--json out.json]
 
 The random draft is the demo draft's architecture with freshly initialised weights
 (transformers ``from_config``, seed 0) saved beside a copy of the demo tokenizer: same vocabulary,
 acceptance near 0. Prompts are slices of a held-out Python file (the demo pair's domain), greedy,
-``ignore_eos``. Each cell is the best of ``--repeats`` runs (the machine may be shared).
+``ignore_eos``. All five engines stay up; each repeat runs every engine once, one after
+another, and a cell's ratio is the median over repeats of its run over the no-spec run of the
+same repeat (the machine's speed drifts; side-by-side runs cancel most of it). tok/s columns are
+medians.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,25 +50,17 @@ def prompts(tokenizer, batch: int, length: int = 48) -> list[list[int]]:
     return [ids[i * step:i * step + length] for i in range(batch)]
 
 
-def measure(core, batch: int, output_len: int, repeats: int, tag: str) -> dict:
+def run_once(core, batch: int, output_len: int, tag: str) -> dict:
     from specserve.bench.engines import run_generation
 
-    ps = prompts(core.tokenizer, batch)
-    run_generation(core, ps, 8, f"{tag}-warm")
-    best = None
-    for r in range(repeats):
-        run = run_generation(core, ps, output_len, f"{tag}-{r}")
-        if best is None or (run.decode_tok_per_s or 0) > (best.decode_tok_per_s or 0):
-            best = run
-    ctl = core.spec_control.controller if core.spec_control is not None else None
-    return {"tok_per_s": best.decode_tok_per_s, "acceptance_length": best.spec.acceptance_length,
-            "chosen_k": None if ctl is None else list(ctl.chosen_counts)}
+    run = run_generation(core, prompts(core.tokenizer, batch), output_len, tag)
+    return {"tok_per_s": run.decode_tok_per_s, "acceptance_length": run.spec.acceptance_length}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--json", default=None)
@@ -77,20 +73,33 @@ def main(argv=None) -> int:
     common = dict(device="cpu", dtype="float32", max_num_seqs=max(args.batches), seed=0)
     results = []
     t0 = time.monotonic()
-    plain = EngineCore(make_config("demo", **common))
-    base = {b: measure(plain, b, args.output_len, args.repeats, f"plain{b}") for b in args.batches}
+    engines = {("no spec", "plain"): EngineCore(make_config("demo", **common))}
     for name, draft in drafts.items():
         for mode in ("fixed", "adaptive"):
-            core = EngineCore(make_config("demo", draft_model=draft, num_speculative_tokens=args.k,
-                                          speculative_k=mode, **common))
-            for b in args.batches:
-                m = measure(core, b, args.output_len, args.repeats, f"{mode}{b}")
-                results.append({"draft": name, "mode": mode, "batch": b,
-                                "no_spec_tok_per_s": base[b]["tok_per_s"], **m,
-                                "ratio": m["tok_per_s"] / base[b]["tok_per_s"]})
-                print(f"{name:12s} {mode:8s} batch {b:3d}: {m['tok_per_s']:8.1f} tok/s "
-                      f"(plain {base[b]['tok_per_s']:.1f}) {results[-1]['ratio']:.2f}x "
-                      f"chosen k {m['chosen_k']}", file=sys.stderr, flush=True)
+            engines[(name, mode)] = EngineCore(make_config(
+                "demo", draft_model=draft, num_speculative_tokens=args.k, speculative_k=mode, **common))
+    for b in args.batches:
+        runs: dict = {key: [] for key in engines}
+        for key, core in engines.items():
+            run_once(core, b, 8, f"{key[1]}{b}-warm")
+        for r in range(args.repeats):
+            for key, core in engines.items():
+                runs[key].append(run_once(core, b, args.output_len, f"{key[1]}{b}-{r}"))
+        plain = [x["tok_per_s"] for x in runs[("no spec", "plain")]]
+        for (name, mode), got in runs.items():
+            if mode == "plain":
+                continue
+            ctl = engines[(name, mode)].spec_control.controller
+            tps = [x["tok_per_s"] for x in got]
+            results.append({"draft": name, "mode": mode, "batch": b,
+                            "no_spec_tok_per_s": statistics.median(plain),
+                            "tok_per_s": statistics.median(tps), "runs": tps, "no_spec_runs": plain,
+                            "ratio": statistics.median(t / p for t, p in zip(tps, plain)),
+                            "acceptance_length": got[-1]["acceptance_length"],
+                            "chosen_k": list(ctl.chosen_counts)})
+            print(f"{name:12s} {mode:8s} batch {b:3d}: {results[-1]['tok_per_s']:8.1f} tok/s "
+                  f"(plain {results[-1]['no_spec_tok_per_s']:.1f}) {results[-1]['ratio']:.2f}x "
+                  f"chosen k {results[-1]['chosen_k']}", file=sys.stderr, flush=True)
     print(f"\n| Draft | k | Batch | tok/s no spec | tok/s | ratio | E (accept len) | chosen k counts 0..{args.k} |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -98,7 +107,7 @@ def main(argv=None) -> int:
         e = "n/a" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
         print(f"| {r['draft']} | {k} | {r['batch']} | {r['no_spec_tok_per_s']:.1f} | {r['tok_per_s']:.1f} "
               f"| {r['ratio']:.2f}x | {e} | {r['chosen_k'] if r['mode'] == 'adaptive' else ''} |")
-    print(f"\n({time.monotonic() - t0:.0f} s, output {args.output_len} tokens, best of {args.repeats})")
+    print(f"\n({time.monotonic() - t0:.0f} s, output {args.output_len} tokens, median of {args.repeats} side-by-side repeats)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
