@@ -105,6 +105,7 @@ class EngineConfig:
     load_format: LoadFormat = "auto"
     device: str = "auto"                      # auto | cpu | cuda | cuda:N
     kernel_backend: str = "auto"              # auto | torch | triton
+    gemv: bool = True                         # Triton GEMV for linears of 1-8 rows (triton backend)
     seed: int = 0
     # KV cache
     block_size: int = 16

@@ -18,6 +18,7 @@ from specserve.engine.runner.draft_loop import DraftLoop
 from specserve.engine.runner.model_runner import KVLayout, ModelRunner
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.types import ParamError, SamplingParams
+from specserve.kernels import ops
 from specserve.kernels.backend import set_backend, triton_available
 
 log = logging.getLogger("specserve.engine")
@@ -228,6 +229,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     dtype = pick_dtype(config.dtype, target_spec, device)
     backend = pick_backend(config.kernel_backend, device)
     set_backend(backend)
+    ops.set_gemv(config.gemv)
     spec_cfg = config.speculative
     draft_path = resolve_model_path(spec_cfg.model, "draft") if spec_cfg.enabled else None
     draft_spec = read_model_spec(draft_path) if draft_path else None

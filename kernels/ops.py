@@ -18,6 +18,12 @@ def linear(x, weight, bias=None):
     return selected().layers.linear(x, weight, bias)
 
 
+def set_gemv(flag):
+    """Whether ``linear`` may run the Triton GEMV for few rows (``--no-gemv``: False, cuBLAS
+    always). Set before CUDA graphs are captured: a captured graph keeps the kernels it had."""
+    selected().layers.set_gemv(flag)
+
+
 def rms_norm(x, weight, eps):
     return selected().layers.rms_norm(x, weight, eps)
 

@@ -42,8 +42,9 @@ __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "enabled", "set_en
            "interpreting"]
 
 # The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
-# the process starts with SPECSERVE_GEMV=0 (then every linear is cuBLAS, as before the kernel).
-_enabled = os.environ.get("SPECSERVE_GEMV", "1").strip() != "0"
+# the engine was started with --no-gemv (engine/setup.py calls ops.set_gemv; every linear is
+# then cuBLAS, as before the kernel).
+_enabled = True
 
 
 def enabled() -> bool:

@@ -90,7 +90,7 @@ class _Spy:
 
 
 def test_through_ops_strided_and_3d_inputs_and_the_switch() -> None:
-    """ops.linear on the triton backend: a strided x, a [B, T, K] x, and SPECSERVE_GEMV's switch."""
+    """ops.linear on the triton backend: a strided x, a [B, T, K] x, and the --no-gemv switch."""
     from specserve.kernels import backend, ops
 
     x, w, b = _inputs(4, N, 2 * K, bias=True, seed=5)

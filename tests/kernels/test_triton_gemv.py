@@ -2,14 +2,14 @@
 
 * the cases of tests/kernels/_triton_gemv_interp.py run in a subprocess with TRITON_INTERPRET=1
   (it must be set before Triton kernel modules are imported and must not leak into this process);
-* SPECSERVE_GEMV=0 turns the kernel off, the config table caps the rows and obeys its entries;
+* ``--no-gemv`` (EngineConfig.gemv) turns the kernel off, the config table caps the rows and
+  obeys its entries;
 * the kernels compile for an H100 (sm_90) with Triton's bundled ptxas at the bench's launch
   shapes: the interpreter cannot see GPU code generation (layouts of the 3-D product, registers).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -33,19 +33,26 @@ def test_interpreter_suite() -> None:
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
 
 
-def test_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specserve.kernels import triton_gemv
+def test_the_no_gemv_flag_reaches_the_kernel_switch() -> None:
+    """``specserve serve --no-gemv`` -> EngineConfig.gemv = False -> ops.set_gemv on the
+    selected backend (engine/setup.py); the torch reference accepts and ignores it."""
+    from specserve.kernels import backend, ops, triton_gemv
+    from specserve.server.cli import build_parser, engine_config
 
-    try:
-        monkeypatch.setenv("SPECSERVE_GEMV", "0")
-        assert not importlib.reload(triton_gemv).enabled()
-        monkeypatch.setenv("SPECSERVE_GEMV", "1")
-        assert importlib.reload(triton_gemv).enabled()
-        monkeypatch.delenv("SPECSERVE_GEMV")
-        assert importlib.reload(triton_gemv).enabled()
+    parser = build_parser()
+    assert engine_config(parser.parse_args(["serve"])).gemv is True
+    assert engine_config(parser.parse_args(["serve", "--no-gemv"])).gemv is False
+    from specserve.kernels import triton_layers
+
+    try:                                      # the triton backend's switch (engine/setup.py calls
+        triton_layers.set_gemv(False)         # it through ops.set_gemv on the selected backend)
+        assert not triton_gemv.enabled()
     finally:
-        monkeypatch.undo()
-        importlib.reload(triton_gemv)
+        triton_layers.set_gemv(True)
+    assert triton_gemv.enabled()
+    assert backend.selected().name == "torch"
+    ops.set_gemv(False)                       # the reference backend: a no-op
+    assert triton_gemv.enabled()
 
 
 def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:

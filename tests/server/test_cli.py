@@ -28,7 +28,8 @@ def test_engine_flags_reach_the_config() -> None:
                               "--num-kv-blocks", "100", "--kv-cache-memory", "2GiB", "--max-model-len", "77",
                               "--max-num-seqs", "3", "--max-num-batched-tokens", "99",
                               "--max-waiting-requests", "7", "--no-enable-prefix-caching", "--enforce-eager",
-                              "--seed", "11", "--kernel-backend", "torch", "--load-format", "dummy"))
+                              "--seed", "11", "--kernel-backend", "torch", "--load-format", "dummy",
+                              "--no-gemv"))
     assert (cfg.model, cfg.speculative.model, cfg.num_speculative_tokens) == ("/m", "/d", 5)
     assert cfg.speculative.rejection_sample_method == "strict"
     assert cfg.speculative.draft_sample_method == "greedy"
@@ -36,7 +37,7 @@ def test_engine_flags_reach_the_config() -> None:
     assert cfg.kv_cache_memory == 2 * 2**30 and cfg.max_model_len == 77
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting_requests) == (3, 99, 7)
     assert not cfg.enable_prefix_caching and cfg.enforce_eager and cfg.seed == 11
-    assert (cfg.kernel_backend, cfg.load_format) == ("torch", "dummy")
+    assert (cfg.kernel_backend, cfg.load_format, cfg.gemv) == ("torch", "dummy", False)
 
 
 def test_speculative_defaults_and_vllm_json() -> None:
