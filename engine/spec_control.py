@@ -288,10 +288,12 @@ class KController:
     EXPLORE_MAX = 800        # ... doubling after each probe that does not pay, up to this
     PROBE_BUDGET = 0.02      # a probe (its catch-up included) costs at most this share of the
     #                          time spent at k = 0 since the last one; otherwise it waits
-    # At k = 0 nothing the decision reads changes from one step to the next at an unchanged
-    # batch size (no verification feeds the acceptance model), so the full evaluation runs only
-    # every ZERO_RECHECK-th such step; the others cost a counter (``hold_zero``). Leaving 0 is
-    # at most ZERO_RECHECK - 1 steps late, against a catch-up horizon of HORIZON_STEPS.
+    # At k = 0 the decision's inputs drift slowly at an unchanged batch size: no verification
+    # feeds the acceptance model, the k = 0 cost cell moves by an EMA step, lag and remaining
+    # tokens by one token a row. So the full evaluation runs only every ZERO_RECHECK-th such step
+    # and the others cost a counter (``hold_zero``); they keep k = 0, which a full evaluation
+    # would also choose unless one of those slow inputs crossed a threshold in between. Leaving
+    # 0 is at most ZERO_RECHECK - 1 steps late, against a catch-up horizon of HORIZON_STEPS.
     ZERO_RECHECK = 4
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
@@ -488,10 +490,8 @@ class SpecControl:
                 f = fixed[rid] = self._fixed_part(req)
             n = len(req.token_ids)
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
-            # drafts that fit before max_tokens and the context end, one token committed first
-            budget = min(k_max, left - 2, max_len - n - 2)
-            sampling.append(s)
-            rows.append(Row(rid, f[0], budget if budget > 0 else 0, f[1],
+            sampling.append(s)   # budget: drafts that fit once this step's token is committed
+            rows.append(Row(rid, f[0], req.spec_budget(k_max, max_len, 1), f[1],
                             max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
         if not sampling:
             return

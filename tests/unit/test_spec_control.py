@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from specserve.engine.batch import ScheduledRequest
+from specserve.engine.request import Request
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
-                                           expected_tokens, temperature_bucket)
+                                           SpecControl, expected_tokens, temperature_bucket)
+from specserve.engine.types import SamplingParams
 
 K = 4
 
@@ -214,18 +217,56 @@ def _bad_draft_controller() -> KController:
     return ctl
 
 
-def test_held_steps_at_zero_decide_like_full_ones():
-    """Holding at 0 between full evaluations changes neither the k sequence (probes included)
-    nor the counts; it only skips work: one full evaluation in ZERO_RECHECK steps."""
-    held, full = _bad_draft_controller(), _bad_draft_controller()
+def _scheduled(n: int, max_tokens: int = 1000, prompt: int = 20, out: int = 0) -> list[ScheduledRequest]:
+    rows = []
+    for i in range(n):
+        req = Request(f"q{i}", list(range(prompt)), SamplingParams(temperature=0.0), seed=i,
+                      eos_token_ids=(), max_tokens=max_tokens, arrival=0.0)
+        req.token_ids += [7] * out
+        rows.append(ScheduledRequest(req, 1, len(req.token_ids) - 1, True, 0, K))
+    return rows
+
+
+def _bad_draft_spec_control(max_model_len: int = 4096) -> SpecControl:
+    sc = SpecControl(K, "adaptive", max_model_len, False, _cal(1.0))
+    for _ in range(200):
+        sc.controller.acceptance.record("x", 0, K, 0)
+    return sc
+
+
+def test_plan_holds_at_zero_and_decides_like_full_evaluations():
+    """SpecControl.plan at k = 0 evaluates in full one step in ZERO_RECHECK, and the k it sets
+    (probes included) and the counts equal those of a plan that evaluates every step."""
+    held, full = _bad_draft_spec_control(), _bad_draft_spec_control()
+    full.controller.hold_zero = lambda batch: False
     evaluations = []
-    real_decide = held.decide
-    held.decide = lambda rows: evaluations.append(len(rows)) or real_decide(rows)
-    ks_held = [_engine_step(held, 8) for _ in range(400)]
-    ks_full = [_decide(full, 8) for _ in range(400)]
+    real_decide = held.controller.decide
+    held.controller.decide = lambda rows: evaluations.append(len(rows)) or real_decide(rows)
+    ks_held, ks_full = [], []
+    for _ in range(400):
+        for sc, ks in ((held, ks_held), (full, ks_full)):
+            scheduled = _scheduled(8)
+            sc.plan(scheduled)
+            ks.append(max(s.k_next for s in scheduled))
     assert ks_held == ks_full and ks_held.count(1) >= 2        # the probes land on the same steps
-    assert held.chosen_counts == full.chosen_counts
-    assert len(evaluations) <= 400 // held.ZERO_RECHECK + ks_held.count(1) + 2
+    assert held.controller.chosen_counts == full.controller.chosen_counts
+    assert len(evaluations) <= 400 // KController.ZERO_RECHECK + ks_held.count(1) + 2
+
+
+def test_plan_budgets_are_the_requests_spec_budget():
+    """Near max_tokens and the context end a row may take fewer drafts: plan hands the
+    controller Request.spec_budget(k_max, max_model_len, 1) and the tokens left."""
+    sc = SpecControl(K, "adaptive", 64, False, _cal(0.05))
+    seen = []
+    sc.controller.force = lambda row: seen.append(row) or K
+    cases = [(1000, 0), (6, 0), (6, 2), (6, 3), (6, 5), (1000, 40), (1000, 41), (1000, 44)]
+    for max_tokens, out in cases:
+        scheduled = _scheduled(1, max_tokens=max_tokens, out=out)
+        sc.plan(scheduled)
+        req = scheduled[0].request
+        assert seen[-1].budget == req.spec_budget(K, 64, 1) == scheduled[0].k_next, (max_tokens, out)
+        assert seen[-1].remaining == max(0, max_tokens - out)
+    assert [r.budget for r in seen] == [K, K, 2, 1, 0, 2, 1, 0]
 
 
 def test_a_hold_ends_on_a_new_batch_size_and_within_zero_recheck_steps():
