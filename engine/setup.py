@@ -14,6 +14,7 @@ from specserve.engine.config import DEMO_MODEL, ConfigError, EngineConfig
 from specserve.engine.models.loader import load_model
 from specserve.engine.models.spec import (GENERATION_CONFIG, ModelSpec, generation_defaults,
                                           read_generation_config, read_model_spec)
+from specserve.engine.runner.cuda_graphs import graph_logits_bytes
 from specserve.engine.runner.draft_loop import DraftLoop
 from specserve.engine.runner.model_runner import KVLayout, ModelRunner
 from specserve.engine.runner.settings import SpecSettings
@@ -170,6 +171,9 @@ def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype
         if spec_cfg.enabled and spec_cfg.draft_sample_method == "sample":   # the draft loop's q
             budget -= DraftLoop.probs_bytes(spec_cfg.num_speculative_tokens, config.max_num_seqs,
                                             specs[0].vocab_size)
+        if not config.enforce_eager:   # the CUDA graphs' logits (captured after the cache)
+            k_max = spec_cfg.num_speculative_tokens if spec_cfg.enabled else 0
+            budget -= graph_logits_bytes(k_max, config.max_num_seqs, specs[0].vocab_size, elem)
     else:
         needed = config.max_num_seqs * (max_model_len + config.block_size) * per_block // config.block_size
         budget = min(_CPU_DEFAULT_KV_BYTES, needed)

@@ -52,6 +52,23 @@ def verify_widths(k_max: int) -> list[int]:
     return sorted(widths | {k_max + 1})
 
 
+def forward_graph_plan(k_max: int) -> list[tuple[str, int]]:
+    """(model, query length) of every forward the runner captures: the target's decode, its
+    verification widths and, with a draft, the draft's one-token pass."""
+    plan = [("target", 1)]
+    if k_max:
+        plan += [("target", q) for q in verify_widths(k_max)] + [("draft", 1)]
+    return plan
+
+
+def graph_logits_bytes(k_max: int, max_batch: int, vocab: int, elem: int) -> int:
+    """Device memory the captured graphs' logits keep for the engine's life: each (forward,
+    batch bucket b) holds its [b * q, V] output, which the shared pool cannot reuse (3-4 GB for
+    a 152k vocabulary in bf16 at k_max 8 and 256 sequences). The KV cache is sized after it."""
+    rows = sum(b * q for _, q in forward_graph_plan(k_max) for b in buckets_up_to(max_batch))
+    return rows * vocab * elem
+
+
 # pieces() -> (callables, state): fresh closures each call; the state is what they hand on
 PieceFactory = Callable[[], tuple[list[Callable[[], None]], list]]
 

@@ -18,7 +18,7 @@ import torch
 from specserve.engine.batch import ModelRunnerOutput, SchedulerOutput
 from specserve.engine.models.llama import KVCache, LlamaFamilyModel
 from specserve.engine.models.spec import ModelSpec
-from specserve.engine.runner.cuda_graphs import GraphedForward, verify_widths
+from specserve.engine.runner.cuda_graphs import GraphedForward, forward_graph_plan
 from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
 from specserve.engine.runner.drafter import Drafter
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
@@ -96,13 +96,12 @@ class ModelRunner:
             log.info("warmed up %d sampling kernel variants in %.1fs", calls, time.monotonic() - t0)
 
     def _capture_graphs(self, max_num_seqs: int, max_blocks: int) -> None:
-        k_max = self.num_speculative_tokens
-        plan = [("target", self.target, self.target_kv, 1)]
-        if k_max:   # verification widths (adaptive k pads to the next one), draft passes
-            plan += [("target", self.target, self.target_kv, q) for q in verify_widths(k_max)]
-            plan += [("draft", self.draft, self.draft_kv, 1)]   # passes with logits processors
+        # the decode, the verification widths (adaptive k pads to the next one) and the draft's
+        # passes with logits processors
+        models = {"target": (self.target, self.target_kv), "draft": (self.draft, self.draft_kv)}
         pool = None   # one memory pool for every forward graph: they never run at once
-        for name, model, kv, q in plan:
+        for name, q in forward_graph_plan(self.num_speculative_tokens):
+            model, kv = models[name]
             g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
                                self.block_size, self.device)
             g.pool = pool

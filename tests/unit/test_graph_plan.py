@@ -1,0 +1,30 @@
+"""Which forwards the runner captures as CUDA graphs, and the memory their logits keep (plain
+arithmetic: the capture itself needs a GPU, tests/gpu)."""
+
+from __future__ import annotations
+
+from specserve.engine.runner.cuda_graphs import (buckets_up_to, forward_graph_plan, graph_logits_bytes,
+                                                 verify_widths)
+
+
+def test_every_verification_width_up_to_nine_then_17_and_k_max_plus_one():
+    assert verify_widths(1) == [2]
+    assert verify_widths(4) == [2, 3, 4, 5]
+    assert verify_widths(8) == list(range(2, 10))
+    assert verify_widths(12) == list(range(2, 10)) + [13]
+    assert verify_widths(16) == list(range(2, 10)) + [17]
+
+
+def test_plan_without_and_with_a_draft():
+    assert forward_graph_plan(0) == [("target", 1)]
+    assert forward_graph_plan(3) == [("target", 1), ("target", 2), ("target", 3), ("target", 4),
+                                     ("draft", 1)]
+
+
+def test_logits_bytes_count_every_width_and_bucket():
+    assert buckets_up_to(4) == [1, 2, 4]
+    # k_max 2: widths 1 (decode), 2, 3 (verification) and 1 (draft) = 7 rows per batch row
+    assert graph_logits_bytes(2, 4, 10, 2) == (1 + 2 + 4) * 7 * 10 * 2
+    assert graph_logits_bytes(0, 4, 10, 2) == (1 + 2 + 4) * 1 * 10 * 2
+    # the default engine (64 sequences, k_max 8) with a 152k bf16 vocabulary: under 2 GB
+    assert graph_logits_bytes(8, 64, 151936, 2) < 2 << 30
