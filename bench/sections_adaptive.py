@@ -234,7 +234,7 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         "controller keeps its own estimates across cells, as a server would). With CUDA graphs a "
         "fixed k also gets a verification graph of exactly k + 1 tokens per row (captured widths: "
         f"{data['exact_width_graphs'] or 'none'}), as an engine started with that k would have; "
-        "adaptive verifies at the runner's widths (every width up to 9, then 17). No speculation is a plain engine, up for "
+        "adaptive verifies at the runner's widths (each k up to 8 at its own width k + 1). No speculation is a plain engine, up for "
         "the whole section beside each pair's engine.",
         f"Ramp: {s.ramp_requests} requests of {s.ramp_output_len} tokens (T = {RAMP_TEMPERATURE:g}, "
         f"truncated-draft pair) arrive on a token clock, one per {1 / s.ramp_rate:g} plain steps at "
