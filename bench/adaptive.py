@@ -216,6 +216,8 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
     means more than one of runs minutes apart. A config run more than once shows its median
     run, with every run's tok/s in ``runs``; adaptive adds ``over_plain_runs``, the ratio of
     each adaptive run to the plain run just before it."""
+    if "plain" in configs and plain_core is None and core.spec_control is not None:
+        raise ValueError("measure_grid: 'plain' needs a plain engine (plain_core)")
     vocab = core.info.vocab_size
     out: dict = {c: {} for c in configs}
     engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}

@@ -58,7 +58,7 @@ class BenchOptions:
     adaptive_ramp_output_len: int = 128
     adaptive_ramp_rate: float = 2.0         # arrivals per plain decode step while climbing
     adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
-    adaptive_pairs: tuple[str, ...] = ("unrelated", "self", "mid")   # ADAPTIVE_PAIRS
+    adaptive_pairs: tuple[str, ...] = ADAPTIVE_PAIRS
     adaptive_repeats: int = 3               # runs of no-spec and adaptive per cell, side by side
 
     def __post_init__(self) -> None:
@@ -114,7 +114,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _sections(text: str) -> tuple[str, ...]:
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    names = _names(text)
     bad = [n for n in names if n not in SECTIONS]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown sections {bad}; known: {','.join(SECTIONS)}")
@@ -173,8 +173,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    const=False, default=None,
                    help="fixed k uses the adaptive engine's padded verification widths")
     a.add_argument("--adaptive-pairs", type=_names, default=None,
-                   help=f"comma-separated draft pairs to measure, of {','.join(ADAPTIVE_PAIRS)} (default all; "
-                        "the ramp runs with mid)")
+                   help=f"comma-separated draft pairs to measure, of {','.join(ADAPTIVE_PAIRS)} "
+                        "(default all; the ramp runs with mid)")
     a.add_argument("--adaptive-repeats", type=int, default=None,
                    help="runs of no-spec and adaptive per cell, each adaptive run right after a no-spec "
                         "one; the table shows the median run and the median of the paired ratios "

@@ -82,8 +82,9 @@ def adaptive(ctx: BenchContext) -> Section:
                     f"{'n/a' if cal is None else f'{cal.seconds:.1f}s'})")
             extra = ad.capture_exact_widths(core, s.ks, ctx.log) if o.adaptive_exact_widths else {}
             data["exact_width_graphs"][pair] = sorted(q for _, q in extra)
-            data["grid"][pair] = ad.measure_grid(core, s, pair, ["plain"] + fixed + ["adaptive"], extra,
-                                                 ctx.log, plain_core, o.adaptive_repeats)
+            configs = ["plain"] + fixed + ["adaptive"]
+            data["grid"][pair] = ad.measure_grid(core, s, pair, configs, extra, ctx.log, plain_core,
+                                                 o.adaptive_repeats)
             if pair == RAMP_PAIR:
                 data["ramp"].update(ad.measure_ramp(core, s, fixed + ["adaptive"], extra,
                                                     RAMP_TEMPERATURE, pair, ctx.log))
@@ -234,7 +235,8 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         "controller keeps its own estimates across cells, as a server would). With CUDA graphs a "
         "fixed k also gets a verification graph of exactly k + 1 tokens per row (captured widths: "
         f"{data['exact_width_graphs'] or 'none'}), as an engine started with that k would have; "
-        "adaptive verifies at the runner's widths (each k up to 8 at its own width k + 1). No speculation is a plain engine, up for "
+        "adaptive verifies at the runner's widths (each k up to 8 at its own width k + 1). No "
+        "speculation is a plain engine, up for "
         "the whole section beside each pair's engine.",
         f"Ramp: {s.ramp_requests} requests of {s.ramp_output_len} tokens (T = {RAMP_TEMPERATURE:g}, "
         f"truncated-draft pair) arrive on a token clock, one per {1 / s.ramp_rate:g} plain steps at "

@@ -48,7 +48,8 @@ _enabled = True
 
 
 def enabled() -> bool:
-    """Whether the Triton backend routes few-row linears to this kernel."""
+    """Whether the Triton backend routes few-row linears to this kernel. One switch per
+    process, like the kernel backend itself: every engine in it shares the setting."""
     return _enabled
 
 
@@ -58,9 +59,12 @@ def set_enabled(flag: bool) -> None:
     _enabled = bool(flag)
 
 
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"   # Triton reads it at import too
+
+
 def interpreting() -> bool:
-    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1, set before this import)."""
+    return _INTERPRETING
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1
     mode: str = "late"
-
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -281,7 +284,8 @@ def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return (x.dim() >= 1 and weight.dim() == 2 and weight.stride(1) == 1
             and x.shape[-1] == weight.shape[1] and x.dtype == weight.dtype
             and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1
-                                  and bias.shape[0] == weight.shape[0]))
+                                  and bias.shape[0] == weight.shape[0]
+                                  and bias.dtype == weight.dtype and bias.device == weight.device))
             and x.device == weight.device)
 
 
@@ -309,7 +313,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     n, k = weight.shape
     m = x.numel() // k if k else 0
     cfg = config if config is not None else gemv_config(m, n, k)
-    if cfg is None or not 1 <= m <= MAX_ROWS or not _launchable(x, weight, bias):
+    if (cfg is None or not 1 <= m <= MAX_ROWS or not _launchable(x, weight, bias)
+            or (cfg.mode == "dot" and weight.shape[1] < 16)):   # tl.dot needs K tiles of >= 16
         return F.linear(x, weight, bias)
     x2 = x.reshape(m, k)
     if x2.stride(1) != 1:

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_gemv
-from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_attention import paged_attention
+from specserve.kernels.triton_gemv import set_enabled as set_gemv
 
 __all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
            "attention_prologue", "paged_attention"]

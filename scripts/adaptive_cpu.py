@@ -82,6 +82,8 @@ def main(argv=None) -> int:
         runs: dict = {key: [] for key in engines}
         for key, core in engines.items():
             run_once(core, b, 8, f"{key[1]}{b}-warm")
+        counts_before = {key: list(core.spec_control.controller.chosen_counts)
+                         for key, core in engines.items() if core.spec_control is not None}
         for r in range(args.repeats):
             for key, core in engines.items():
                 runs[key].append(run_once(core, b, args.output_len, f"{key[1]}{b}-{r}"))
@@ -89,14 +91,14 @@ def main(argv=None) -> int:
         for (name, mode), got in runs.items():
             if mode == "plain":
                 continue
-            ctl = engines[(name, mode)].spec_control.controller
+            counts = engines[(name, mode)].spec_control.controller.chosen_counts
             tps = [x["tok_per_s"] for x in got]
             results.append({"draft": name, "mode": mode, "batch": b,
                             "no_spec_tok_per_s": statistics.median(plain),
                             "tok_per_s": statistics.median(tps), "runs": tps, "no_spec_runs": plain,
                             "ratio": statistics.median(t / p for t, p in zip(tps, plain)),
                             "acceptance_length": got[-1]["acceptance_length"],
-                            "chosen_k": list(ctl.chosen_counts)})
+                            "chosen_k": [a - c for a, c in zip(counts, counts_before[(name, mode)])]})
             print(f"{name:12s} {mode:8s} batch {b:3d}: {results[-1]['tok_per_s']:8.1f} tok/s "
                   f"(plain {results[-1]['no_spec_tok_per_s']:.1f}) {results[-1]['ratio']:.2f}x "
                   f"chosen k {results[-1]['chosen_k']}", file=sys.stderr, flush=True)
@@ -107,7 +109,8 @@ def main(argv=None) -> int:
         e = "n/a" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
         print(f"| {r['draft']} | {k} | {r['batch']} | {r['no_spec_tok_per_s']:.1f} | {r['tok_per_s']:.1f} "
               f"| {r['ratio']:.2f}x | {e} | {r['chosen_k'] if r['mode'] == 'adaptive' else ''} |")
-    print(f"\n({time.monotonic() - t0:.0f} s, output {args.output_len} tokens, median of {args.repeats} side-by-side repeats)")
+    print(f"\n({time.monotonic() - t0:.0f} s, output {args.output_len} tokens, "
+          f"median of {args.repeats} side-by-side repeats)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     shutil.rmtree(tmp, ignore_errors=True)

@@ -55,6 +55,17 @@ def test_the_no_gemv_flag_reaches_the_kernel_switch() -> None:
     assert triton_gemv.enabled()
 
 
+def test_the_engine_applies_the_flag_before_building_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine/setup.py hands EngineConfig.gemv to ops.set_gemv (demo pair on CPU)."""
+    from specserve.engine import setup
+    from specserve.engine.config import DEMO_MODEL, EngineConfig
+
+    seen = []
+    monkeypatch.setattr(setup.ops, "set_gemv", seen.append)
+    setup.load_models(EngineConfig(model=DEMO_MODEL, device="cpu", gemv=False))
+    assert seen == [False]
+
+
 def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     from specserve.kernels import triton_gemv as G
 
