@@ -464,10 +464,14 @@ class SpecControl:
         self.snapshot: dict = self.controller.snapshot()   # replaced whole, never mutated
 
     def _fixed_part(self, req) -> tuple[int, Optional[int]]:
-        """(temperature bucket, pinned k) of a request: its parameters never change."""
-        p = req.params
-        pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
-        return temperature_bucket(p.temperature), pinned
+        """(temperature bucket, pinned k) of a request, computed once: its parameters never
+        change (dropped in ``forget``)."""
+        f = self._fixed.get(req.request_id)
+        if f is None:
+            p = req.params
+            pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
+            f = self._fixed[req.request_id] = (temperature_bucket(p.temperature), pinned)
+        return f
 
     def plan(self, scheduled: list) -> None:
         """Runs every step over every sampling request: the per-row work is a few integer
@@ -478,20 +482,17 @@ class SpecControl:
                 if s.samples:
                     s.k_next = 0
             return
-        k_max, max_len, fixed = ctl.k_max, self.max_model_len, self._fixed
+        k_max, max_len = ctl.k_max, self.max_model_len
         sampling, rows = [], []
         for s in scheduled:
             if not s.samples:
                 continue
             req = s.request
-            rid = req.request_id
-            f = fixed.get(rid)
-            if f is None:
-                f = fixed[rid] = self._fixed_part(req)
+            f = self._fixed_part(req)
             n = len(req.token_ids)
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
             sampling.append(s)   # budget: drafts that fit once this step's token is committed
-            rows.append(Row(rid, f[0], req.spec_budget(k_max, max_len, 1), f[1],
+            rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1), f[1],
                             max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
         if not sampling:
             return
@@ -504,8 +505,8 @@ class SpecControl:
         for s in scheduled:
             if s.samples and s.k:
                 req = s.request
-                self.controller.acceptance.record(req.request_id, temperature_bucket(req.params.temperature),
-                                                  s.k, s.num_accepted)
+                self.controller.acceptance.record(req.request_id, self._fixed_part(req)[0], s.k,
+                                                  s.num_accepted)
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)
