@@ -314,7 +314,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     m = x.numel() // k if k else 0
     cfg = config if config is not None else gemv_config(m, n, k)
     if (cfg is None or not 1 <= m <= MAX_ROWS or not _launchable(x, weight, bias)
-            or (cfg.mode == "dot" and weight.shape[1] < 16)):   # tl.dot needs K tiles of >= 16
+            or (cfg.mode == "dot" and k < 16)):   # tl.dot needs K tiles of >= 16
         return F.linear(x, weight, bias)
     x2 = x.reshape(m, k)
     if x2.stride(1) != 1:

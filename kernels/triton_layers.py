@@ -28,13 +28,11 @@ def _row_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x: [M, K] @ weight[N, K].T (+ bias) -> [M, N]: the GEMV kernel for up to
-    ``triton_gemv.MAX_ROWS`` rows on CUDA (or under the interpreter) where the policy allows it
-    (:func:`triton_gemv.enabled`, and :func:`triton_gemv.gemv_config` naming a launch shape),
-    ``torch.nn.functional.linear`` (cuBLAS) otherwise."""
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting())
-            and 1 <= m <= triton_gemv.MAX_ROWS):
+    """x: [M, K] @ weight[N, K].T (+ bias) -> [M, N]: on CUDA (or under the interpreter) while
+    the GEMV is enabled, :func:`triton_gemv.linear` (the kernel for up to ``MAX_ROWS`` rows where
+    :func:`triton_gemv.gemv_config` names a launch shape, cuBLAS otherwise);
+    ``torch.nn.functional.linear`` (cuBLAS) when it is off."""
+    if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
         return triton_gemv.linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
