@@ -55,7 +55,8 @@ def roofline(ctx: BenchContext) -> Section:
     return Section("roofline", "Batch-1 decode vs the bandwidth roofline, and a compiled peer", cols, rows,
                    notes=[f"Targets: {', '.join(results)}; dummy weights, {ctx.dtype}; one greedy request, "
                           f"prompt {o.prompt_len} tokens, prefill excluded. Ours: {o.decode_warmup} warm-up + "
-                          f"{o.decode_steps} timed EngineCore steps.",
+                          f"{o.decode_steps} timed EngineCore steps, with decode-ahead (the default); the "
+                          "same engine with --no-async-scheduling is timed just before.",
                           "Peer: bench/compiled_peer.py, a plain-PyTorch Llama-family decoder in gpt-fast's "
                           "manner (static KV cache indexed by input_pos, SDPA, greedy argmax, "
                           "torch.compile(decode_one_token, fullgraph=True), mode reduce-overhead on CUDA, "
@@ -79,12 +80,25 @@ def _ours_and_peer(ctx: BenchContext, core, checkpoint: str, bandwidth: float) -
     """Our batch-1 decode on ``core``, then the compiled peer over the same weights."""
     o = ctx.opts
     name = Path(checkpoint).name
+    sync = None
+    if core.decode_ahead is not None:   # the same engine as --no-async-scheduling builds it, first
+        ahead, core.decode_ahead = core.decode_ahead, None
+        ctx.log(f"roofline: timing {o.decode_steps} batch-1 decode steps of {name} (ours, synchronous)")
+        try:
+            sync = measure_decode(core, o.prompt_len, o.decode_warmup, o.decode_steps, o.seed)
+        finally:
+            core.decode_ahead = ahead
     ctx.log(f"roofline: timing {o.decode_steps} batch-1 decode steps of {name} (ours)")
     dec = measure_decode(core, o.prompt_len, o.decode_warmup, o.decode_steps, o.seed)
     n = roofline_numbers(bandwidth, core, dec)
     ctx.log(f"roofline: {name} ours {dec.tok_per_s:.1f} tok/s, roofline {n['roofline_tok_per_s']:.1f} "
-            f"({100 * n['fraction_of_roofline']:.1f}%)")
-    out = {**n, "decode": dec.as_dict(), "execution_mode": execution_mode(core)}
+            f"({100 * n['fraction_of_roofline']:.1f}%)"
+            + (f"; synchronous {sync.tok_per_s:.1f} tok/s" if sync else ""))
+    out = {**n, "decode": dec.as_dict(), "execution_mode": execution_mode(core),
+           "decode_ahead": core.decode_ahead is not None}
+    if sync is not None:
+        out["synchronous"] = {"decode": sync.as_dict(), "tok_per_s": sync.tok_per_s,
+                              "median_step_s": sync.median_step_s}
     out["peer"] = _peer(ctx, core, checkpoint, n["roofline_tok_per_s"], dec.tok_per_s)
     return out
 
@@ -139,6 +153,15 @@ def _shape_rows(name: str, r: dict) -> list[dict]:
         {"label": f"ours: fraction of roofline ({name})", "value": frac, "kind": "pct",
          "goal": f">= {100 * ROOFLINE_GOAL:.0f}%", "status": at_least(frac, ROOFLINE_GOAL)},
     ]
+    if "synchronous" in r:   # the same engine without decode-ahead, timed just before
+        sync = r["synchronous"]
+        rows += [
+            {"label": "ours, --no-async-scheduling: tokens/s", "value": sync["tok_per_s"], "kind": "tps"},
+            {"label": "ours, --no-async-scheduling: median decode step", "value": sync["median_step_s"],
+             "kind": "time"},
+            {"label": "decode-ahead: ours / ours with --no-async-scheduling",
+             "value": r["measured_tok_per_s"] / sync["tok_per_s"], "kind": "x"},
+        ]
     p = r["peer"]
     if "error" in p:
         rows.append({"label": f"ours / peer ({name})", "value": None, "goal": f">= {PEER_GOAL:.2f}x",

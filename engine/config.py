@@ -119,6 +119,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int = 1024
     enforce_eager: bool = False
+    # queue each plain decode step on the device before the previous one's tokens are read
+    # (engine/decode_ahead.py); exact, so on by default
+    async_scheduling: bool = True
     # ranks the target is split over (one process each; rank 0 runs the engine and the draft)
     tensor_parallel_size: int = 1
     # a KV cache too small for one max_model_len request: "allow" (requests that do not fit are

@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 
 from specserve.engine.batch import RequestResult
 from specserve.engine.config import EngineConfig
+from specserve.engine.decode_ahead import DecodeAhead
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.errors import CapacityError
 from specserve.engine.kv_cache import KVCacheManager
@@ -54,6 +55,9 @@ class EngineCore:
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
         self.spec_control = _spec_control(config, info, self.runner)
+        self.decode_ahead: Optional[DecodeAhead] = None
+        if config.async_scheduling and DecodeAhead.supported(self.runner):
+            self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len)
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -141,6 +145,8 @@ class EngineCore:
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every request with an error (the step loop hit an exception)."""
+        if self.decode_ahead is not None:
+            self.decode_ahead.drop()
         outs = []
         for parent in list(self._parents.values()):
             for child in parent.children:
@@ -157,10 +163,20 @@ class EngineCore:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Run one step and commit its tokens. With decode-ahead (engine/decode_ahead.py) the
+        step committed may be one queued by the previous call, and the next one is queued on the
+        device before this one's tokens are read."""
         t0 = time.monotonic()
-        so = self.scheduler.schedule()
-        if self.spec_control is not None:
-            self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
+        ahead = self.decode_ahead
+        queued = ahead.take() if ahead is not None else None
+        if queued is not None:
+            so, launched = queued
+        else:
+            so, launched = self.scheduler.schedule(), None
+            if self.spec_control is not None:
+                self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
+            if ahead is not None and ahead.can_launch(so):
+                launched = ahead.launch(so)
         stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
         stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
@@ -168,7 +184,13 @@ class EngineCore:
             for s in so.scheduled:
                 if s.request.times.first_scheduled is None:
                     s.request.times.first_scheduled = t0
-            out = self.runner.execute(so)
+            if launched is not None:
+                ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
+                out = launched.collect()
+                # requests finished or aborted since the step was queued keep nothing of it
+                so = replace(so, scheduled=[s for s in so.scheduled if not s.request.is_finished])
+            else:
+                out = self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
             now = time.monotonic()
             self.scheduler.update_from_output(

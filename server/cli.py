@@ -128,6 +128,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "max_model_len to what it holds (with a warning) instead of refusing to start")
     c.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs (they are captured at start-up on GPU by default)")
+    c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=d.async_scheduling,
+                   help="queue each plain decode step on the GPU before the previous step's tokens "
+                        "are read, so the host's work overlaps the GPU's (exact; engines without "
+                        "a draft model; default on)")
     c.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="split the target over this many GPUs, one process each (NCCL; gloo on CPU); "
                         "the engine and the draft run on rank 0 (default %(default)s)")
@@ -220,6 +225,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         generation_config=args.generation_config,
         kv_shortfall="lower" if args.auto_fit_max_model_len else "refuse")

@@ -160,9 +160,10 @@ class GraphedForward:
                 and all(0 < it.num_logits <= len(it.token_ids) <= self.q for it in items))
 
     @torch.inference_mode()
-    def run(self, items: list[ForwardItem]) -> torch.Tensor:
+    def run(self, items: list[ForwardItem], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [sum(num_logits), V]; when every item wants all q rows this is a view into the
-        graph's output, to be consumed before the next run."""
+        graph's output, to be consumed before the next run. ``input_ids`` (one-token items only,
+        a device tensor [len(items)]) replaces the items' own token ids."""
         nreq = len(items)
         b = next(x for x in self.buckets if x >= nreq)
         q, bs = self.q, self.block_size
@@ -188,8 +189,13 @@ class GraphedForward:
         self.slots[:n].copy_(host_tensor(slots, torch.int64, dev), non_blocking=True)
         self.seq_lens[:b].copy_(host_tensor(seq_lens, torch.int32, dev), non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)
-        ids = [t for it in items for t in it.token_ids + [0] * (q - len(it.token_ids))]
-        self.input_ids[:nreq * q].copy_(host_tensor(ids, torch.int64, dev), non_blocking=True)
+        if input_ids is not None:
+            if q != 1:
+                raise ValueError("device input ids are for the one-token decode graph")
+            self.input_ids[:nreq].copy_(input_ids)
+        else:
+            ids = [t for it in items for t in it.token_ids + [0] * (q - len(it.token_ids))]
+            self.input_ids[:nreq * q].copy_(host_tensor(ids, torch.int64, dev), non_blocking=True)
         for graph in self.graphs[b]:
             graph.replay()
         out = self.outputs[b]

@@ -15,16 +15,18 @@ from typing import Optional
 
 import torch
 
-from specserve.engine.batch import ModelRunnerOutput, SchedulerOutput
+from specserve.engine.batch import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from specserve.engine.models.llama import KVCache, LlamaFamilyModel
 from specserve.engine.models.spec import ModelSpec
 from specserve.engine.runner.cuda_graphs import GraphedForward, forward_graph_plan
 from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
 from specserve.engine.runner.drafter import Drafter
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
+from specserve.engine.runner.launched import HostRead, LaunchedDecode
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.runner.speculator import Speculator
+from specserve.engine.runner.verifier import start_verification
 from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
@@ -116,26 +118,60 @@ class ModelRunner:
         """The target forward over every scheduled token, then the speculator's sampling half."""
         clock = PhaseClock(self.device)
         t0 = clock.mark()
+        logits = self._forward("target", self._items(so.scheduled))
+        results, t1, t2 = self.speculator.step(so.scheduled, logits, clock)
+        return ModelRunnerOutput(results, clock.seconds(t0, t1), clock.seconds(t1, t2))
+
+    @staticmethod
+    def _items(scheduled: list[ScheduledRequest]) -> list[ForwardItem]:
         items = []
-        for s in so.scheduled:
+        for s in scheduled:
             req = s.request
             start = s.num_computed_before
             tokens = (req.token_ids + req.draft_token_ids)[start:start + s.num_new_tokens]
             items.append(ForwardItem(tokens, start, req.block_ids, s.k + 1 if s.samples else 0))
-        logits = self._forward("target", items)
-        results, t1, t2 = self.speculator.step(so.scheduled, logits, clock)
-        return ModelRunnerOutput(results, clock.seconds(t0, t1), clock.seconds(t1, t2))
+        return items
 
-    def _forward(self, which: str, items: list[ForwardItem]) -> Optional[torch.Tensor]:
-        """Logits [sum(num_logits), V] for ``items`` (None when no item wants logits)."""
+    @torch.inference_mode()
+    def launch_decode(self, scheduled: list[ScheduledRequest],
+                      after: Optional[LaunchedDecode] = None) -> LaunchedDecode:
+        """Queue a step in which every request samples one token and nothing is drafted, and
+        return without reading its tokens (``LaunchedDecode.collect`` does).
+
+        ``after``: a launched step not yet collected that every one of ``scheduled`` continues
+        (one token each, at the position after it). Their input tokens are the ones ``after``
+        sampled, taken on the device, and their sampling positions are one output further on
+        than their host-side token lists say, since ``after``'s tokens are not appended yet."""
+        clock = PhaseClock(self.device)
+        t0 = clock.mark()
+        if after is None:
+            items, ids = self._items(scheduled), None
+        else:
+            items = [ForwardItem([0], s.num_computed_before, s.request.block_ids, 1) for s in scheduled]
+            ids = after.sampled_on_device([s.request.request_id for s in scheduled])
+        logits = self._forward("target", items, ids)
+        v = start_verification(scheduled, logits, self.spec.rejection_method, self.spec.store_probs,
+                               self.device, output_offset=0 if after is None else 1)
+        t1 = clock.mark()
+        rows = {s.request.request_id: i for i, s in enumerate(scheduled)}
+        return LaunchedDecode(scheduled, v, HostRead(v.out), clock, (t0, t1), rows)
+
+    def _forward(self, which: str, items: list[ForwardItem],
+                 input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """Logits [sum(num_logits), V] for ``items`` (None when no item wants logits).
+        ``input_ids``: one-token items' tokens as a device tensor, replacing their token_ids."""
         if self.tp is not None and which == "target":
+            if input_ids is not None:
+                raise ValueError("the tensor-parallel ranks read token ids from the host")
             self.tp.send(items)   # the other ranks run their shard of this forward with us
         graph = self._graph_for(which, items)
         if graph is not None:
-            return graph.run(items)
+            return graph.run(items, input_ids)
         model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
         bound = self.max_model_len if self.device.type == "cuda" else None
         inputs = build_inputs(items, self.block_size, self.device, bound)
+        if input_ids is not None:
+            inputs.input_ids = input_ids
         hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel() == 0:
             return None

@@ -46,8 +46,14 @@ class Verification:
 
 
 def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, method: str,
-                       draft_probs_expected: bool, device: torch.device) -> Verification:
-    """logits: [sum(k_b + 1), V] target rows, request by request (drafts then bonus row)."""
+                       draft_probs_expected: bool, device: torch.device,
+                       output_offset: int = 0) -> Verification:
+    """logits: [sum(k_b + 1), V] target rows, request by request (drafts then bonus row).
+    ``output_offset``: tokens each request has sampled that its token list does not hold yet
+    (a step launched before the previous one was read); its rows are sampled that many output
+    positions further on. History-dependent logits processing needs the whole list (offset 0)."""
+    if output_offset and any(needs_processing(s.request) for s in sampling):
+        raise ValueError("logits processors need every sampled token on the host")
     reqs = [s.request for s in sampling]
     raw = _raw_rows_for_logprobs(sampling, logits)
     if any(needs_processing(r) for r in reqs):   # each row's history costs O(k x output length)
@@ -63,7 +69,7 @@ def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, m
     draft_ids = to_device([t for s in sampling for t in s.request.draft_token_ids[:s.k]],
                           torch.int64, device)
     draft_probs = _gather_draft_probs(sampling) if draft_probs_expected and sum(ks) else None
-    st = SamplingTensors.build(reqs, [r.num_output_tokens for r in reqs], device)
+    st = SamplingTensors.build(reqs, [r.num_output_tokens + output_offset for r in reqs], device)
     out = ops.rejection_sample(logits, cu, draft_ids, draft_probs, st.temperature, st.top_k,
                                st.top_p, st.min_p, st.seeds, st.positions, method, max(ks))
     return Verification(sampling, out, raw)

@@ -1,0 +1,68 @@
+"""A plain sampling step queued on the device whose tokens the host has not read yet.
+
+``ModelRunner.launch_decode`` queues such a step and returns a ``LaunchedDecode``: the target
+forward and the sampler are on the stream, and the sampled tokens are being copied into pinned
+host memory behind them. ``collect`` waits for that copy alone, so a step queued *after* this
+one (``ModelRunner.launch_decode(..., after=this)``, whose input tokens are this step's sampled
+tokens, read on the device) keeps the GPU busy while the host commits this step's tokens. That
+is the overlap of engine/decode_ahead.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from specserve.engine.batch import ModelRunnerOutput, ScheduledRequest
+from specserve.engine.runner.phase_clock import PhaseClock
+from specserve.engine.runner.transfer import to_device
+from specserve.engine.runner.verifier import Verification
+
+
+class HostRead:
+    """An asynchronous device-to-host copy of a small tensor; ``rows()`` waits for it alone.
+
+    On CUDA the copy lands in pinned memory and an event marks its end; the stream may hold
+    later work (the next step) that ``rows()`` does not wait for. On CPU the tensor is already
+    on the host."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event: Optional[torch.cuda.Event] = None
+        if t.device.type == "cuda":
+            self.buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.buffer.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.buffer = t
+
+    def rows(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buffer.tolist()
+
+
+@dataclass
+class LaunchedDecode:
+    """One queued step of ``scheduled`` (each samples one token, nothing is drafted)."""
+
+    scheduled: list[ScheduledRequest]
+    verification: Verification
+    read: HostRead
+    clock: PhaseClock
+    marks: tuple[Any, Any]     # the clock's marks around the target forward and the sampler
+    rows: dict[str, int]       # request id -> its row of ``verification.out``
+
+    def sampled_on_device(self, request_ids: list[str]) -> torch.Tensor:
+        """[len(request_ids)] int64: the token this step sampled for each, still on the device."""
+        out = self.verification.out
+        index = to_device([self.rows[r] for r in request_ids], torch.int64, out.device)
+        return out[:, 0].index_select(0, index)
+
+    def collect(self) -> ModelRunnerOutput:
+        """Wait for this step's tokens (not for work queued after it) and return its results."""
+        results = self.verification.finish(self.read.rows())
+        t0, t1 = self.marks
+        return ModelRunnerOutput(results, self.clock.seconds(t0, t1), 0.0)
