@@ -57,7 +57,8 @@ class EngineCore:
         self.spec_control = _spec_control(config, info, self.runner)
         self.decode_ahead: Optional[DecodeAhead] = None
         if config.async_scheduling and DecodeAhead.supported(self.runner):
-            self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len)
+            self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len,
+                                            self.spec_control)
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -187,7 +188,7 @@ class EngineCore:
             if launched is not None:
                 ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
                 out = launched.collect()
-                # requests finished or aborted since the step was queued keep nothing of it
+                # requests that finished in the step before this one keep nothing of it
                 so = replace(so, scheduled=[s for s in so.scheduled if not s.request.is_finished])
             else:
                 out = self.runner.execute(so)

@@ -17,8 +17,10 @@ committed, in a block it alone holds, and before any later step can reuse that b
 
 The continuation is queued only when the scheduler would have scheduled exactly it:
 
-* every request of N sampled one token and nothing was drafted (a plain engine: no draft
-  model; tensor parallelism reads tokens on the host, so it is excluded too);
+* every request of N sampled one token and nothing was drafted: a plain engine, or one with a
+  draft model whose adaptive k holds every request at k = 0 (``KController.hold_zero``: three
+  steps of four at an unchanged batch size; the fourth, which re-evaluates, is scheduled);
+  tensor parallelism reads tokens on the host, so it is excluded;
 * no request needs its full token history on the host for its logits (penalties, logit bias,
   min_tokens, a grammar);
 * no waiting request could be admitted (the queue is empty or the batch is full);
@@ -34,37 +36,48 @@ from typing import Optional
 from specserve.engine.batch import SchedulerOutput, ScheduledRequest
 from specserve.engine.runner.launched import LaunchedDecode
 from specserve.engine.runner.logits import needs_processing
+from specserve.engine.request import RequestStatus
 from specserve.engine.scheduler import Scheduler
 
 
 class DecodeAhead:
     """Owns the step queued ahead: whether a scheduled step may run ahead, and its continuation."""
 
-    def __init__(self, runner, scheduler: Scheduler, max_model_len: int):
+    def __init__(self, runner, scheduler: Scheduler, max_model_len: int, spec_control=None):
         self.runner, self.scheduler, self.max_model_len = runner, scheduler, max_model_len
+        self.spec_control = spec_control   # SpecControl with a draft model, else None
         self.pending: Optional[tuple[SchedulerOutput, LaunchedDecode]] = None
         self.num_ahead_steps = 0   # continuations queued (for tests and the stats log)
 
     @staticmethod
     def supported(runner) -> bool:
-        """A plain engine on one device: no draft model, no tensor-parallel ranks."""
-        return runner.draft is None and runner.tp is None
+        """One device: tensor-parallel ranks read the token ids on the host."""
+        return runner.tp is None
 
     @staticmethod
     def can_launch(so: SchedulerOutput) -> bool:
-        """Every scheduled request samples one token: the step can be read later."""
-        return not so.is_empty and all(s.samples and s.k == 0 and s.k_next == 0 for s in so.scheduled)
+        """Every scheduled request samples one token and the draft model (if any) has nothing to
+        do: no drafts verified or proposed, no draft KV ahead to account for. Such a step's
+        tokens can be read later."""
+        return not so.is_empty and all(s.samples and s.k == 0 and s.k_next == 0
+                                       and not s.request.num_draft_kv_ahead for s in so.scheduled)
 
     def launch(self, so: SchedulerOutput) -> LaunchedDecode:
         return self.runner.launch_decode(so.scheduled)
 
     def take(self) -> Optional[tuple[SchedulerOutput, LaunchedDecode]]:
-        """The step queued by the last ``launch_next``, unless nothing in it is still running
-        (every request finished or was aborted since): that one is dropped unread."""
+        """The step queued by the last ``launch_next``, its requests that still run: one that
+        finished, was aborted or was preempted since keeps nothing of it (a preempted one
+        samples that position again, with the same Philox key, when it resumes). None when no
+        request is left: the step is dropped unread."""
         pending, self.pending = self.pending, None
-        if pending is None or all(s.request.is_finished for s in pending[0].scheduled):
+        if pending is None:
             return None
-        return pending
+        so, launched = pending
+        live = [s for s in so.scheduled if s.request.status == RequestStatus.RUNNING]
+        if not live:
+            return None
+        return SchedulerOutput(live), launched
 
     def launch_next(self, so: SchedulerOutput, launched: LaunchedDecode) -> None:
         """Queue ``launched``'s continuation, if the scheduler would have scheduled just that."""
@@ -84,7 +97,7 @@ class DecodeAhead:
         out = []
         for s in so.scheduled:
             req = s.request
-            if req.is_finished:
+            if req.status != RequestStatus.RUNNING:   # finished, aborted or preempted since
                 continue
             if req.grammar is not None or needs_processing(req):
                 return None
@@ -95,10 +108,18 @@ class DecodeAhead:
             out.append(ScheduledRequest(req, 1, pos, True, 0, 0))
         if not out:
             return None
+        spec = self.spec_control
+        if spec is not None:
+            # with a draft model only a step that adaptive k holds at k = 0 runs ahead; planning
+            # it here (not after the last step is read) is what the scheduler's path would do
+            if any(s.request.num_draft_kv_ahead for s in out) or not spec.will_hold_zero(len(out)):
+                return None
         kv = sched.kv
         if sum(max(0, kv.blocks_for(s.num_computed_before + 1) - len(s.request.block_ids))
                for s in out) > kv.pool.num_free:
             return None   # the scheduler decides who is preempted
         for s in out:
             kv.allocate(s.request, s.num_computed_before + 1)
+        if spec is not None:
+            spec.plan(out)   # holds: k_next stays 0 and the step counts as one at k = 0
         return out

@@ -320,13 +320,17 @@ class KController:
     def adaptive(self) -> bool:
         return self.mode == "adaptive"
 
+    def would_hold_zero(self, batch: int) -> bool:
+        """Whether ``hold_zero(batch)`` would hold, without counting the step."""
+        return not (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
+                    or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
+                    or self.steps_at_zero + 1 >= self.explore_every)
+
     def hold_zero(self, batch: int) -> bool:
         """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
         full evaluation at this batch size less than ZERO_RECHECK steps ago, and no probe due.
         A held step counts as a step at 0 (probes, ``chosen_counts``) like a decided one."""
-        if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
-                or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
-                or self.steps_at_zero + 1 >= self.explore_every):
+        if not self.would_hold_zero(batch):
             return False
         self._held += 1
         self.steps_at_zero += 1
@@ -472,6 +476,11 @@ class SpecControl:
             pinned = 0 if self.pin_seeded and p.seed is not None and p.temperature > 0 else None
             f = self._fixed[req.request_id] = (temperature_bucket(p.temperature), pinned)
         return f
+
+    def will_hold_zero(self, num_sampling: int) -> bool:
+        """Whether ``plan`` over ``num_sampling`` sampling requests would keep every k at 0
+        without a full evaluation (decode-ahead queues only such steps before the last is read)."""
+        return self.controller.would_hold_zero(num_sampling)
 
     def plan(self, scheduled: list) -> None:
         """Runs every step over every sampling request: the per-row work is a few integer

@@ -131,8 +131,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
                    help="queue each plain decode step on the GPU before the previous step's tokens "
-                        "are read, so the host's work overlaps the GPU's (exact; engines without "
-                        "a draft model; default on)")
+                        "are read, so the host's work overlaps the GPU's (exact; plain decoding, "
+                        "and adaptive k while it holds every request at k = 0; default on)")
     c.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="split the target over this many GPUs, one process each (NCCL; gloo on CPU); "
                         "the engine and the draft run on rank 0 (default %(default)s)")

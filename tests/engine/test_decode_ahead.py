@@ -156,6 +156,25 @@ def test_history_dependent_logits_stay_synchronous(make_llm, params):
     assert ahead.core.decode_ahead.num_ahead_steps == 0
 
 
-def test_engines_with_a_draft_do_not_run_ahead(make_llm):
-    llm = make_llm(MODEL, draft_model=MODEL, num_speculative_tokens=2)
-    assert llm.core.decode_ahead is None
+def test_fixed_k_never_runs_ahead(make_llm):
+    """Every step of fixed k > 0 drafts, so none can be queued before the last is read."""
+    llm = make_llm(MODEL, draft_model=MODEL, num_speculative_tokens=2, speculative_k="fixed")
+    llm.generate(_prompts(2), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    assert llm.core.decode_ahead.num_ahead_steps == 0
+
+
+def test_adaptive_k_held_at_zero_runs_ahead_exactly(make_llm, tiny_checkpoint):
+    """An unrelated draft (another random model): adaptive k stays at 0, and the steps it holds
+    there without re-evaluating run ahead. Greedy output, and seeded sampling (pinned to k = 0
+    under probabilistic verification), equal plain decoding's."""
+    prompts = _prompts(4, seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=21, max_tokens=40, ignore_eos=True)] * 2
+    plain = make_llm(MODEL, async_scheduling=False)
+    spec = make_llm(MODEL, draft_model="llama", num_speculative_tokens=3, speculative_k="adaptive",
+                    async_scheduling=True)
+    a, b = _run(plain, prompts, params), _run(spec, prompts, params)
+    _assert_same(a, b)
+    ctl = spec.core.spec_control.controller
+    assert ctl.chosen_counts[0] > 0
+    assert spec.core.decode_ahead.num_ahead_steps >= 10
