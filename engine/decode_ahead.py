@@ -18,9 +18,9 @@ committed, in a block it alone holds, and before any later step can reuse that b
 The continuation is queued only when the scheduler would have scheduled exactly it:
 
 * every request of N sampled one token and nothing was drafted: a plain engine, or one with a
-  draft model whose adaptive k holds every request at k = 0 (``KController.hold_zero``: three
-  steps of four at an unchanged batch size; the fourth, which re-evaluates, is scheduled);
-  tensor parallelism reads tokens on the host, so it is excluded;
+  draft model whose adaptive k is at k = 0. Its plan for N + 1 (it reads no tokens) is made
+  before N is read; if it picks k > 0, N + 1 is not queued but run, as planned, once N is
+  read. Tensor parallelism reads tokens on the host, so it is excluded;
 * no request needs its full token history on the host for its logits (penalties, logit bias,
   min_tokens, a grammar);
 * no waiting request could be admitted (the queue is empty or the batch is full);
@@ -46,8 +46,9 @@ class DecodeAhead:
     def __init__(self, runner, scheduler: Scheduler, max_model_len: int, spec_control=None):
         self.runner, self.scheduler, self.max_model_len = runner, scheduler, max_model_len
         self.spec_control = spec_control   # SpecControl with a draft model, else None
-        self.pending: Optional[tuple[SchedulerOutput, LaunchedDecode]] = None
-        self.num_ahead_steps = 0   # continuations queued (for tests and the stats log)
+        self.pending: Optional[tuple[SchedulerOutput, Optional[LaunchedDecode]]] = None
+        self.num_ahead_steps = 0     # continuations queued on the device (tests, the bench)
+        self.num_planned_steps = 0   # continuations planned with drafts, run after the read
 
     @staticmethod
     def supported(runner) -> bool:
@@ -65,8 +66,9 @@ class DecodeAhead:
     def launch(self, so: SchedulerOutput) -> LaunchedDecode:
         return self.runner.launch_decode(so.scheduled)
 
-    def take(self) -> Optional[tuple[SchedulerOutput, LaunchedDecode]]:
-        """The step queued by the last ``launch_next``, its requests that still run: one that
+    def take(self) -> Optional[tuple[SchedulerOutput, Optional[LaunchedDecode]]]:
+        """The step the last ``launch_next`` planned (queued on the device, or None: to run
+        now), with its requests that still run: one that
         finished, was aborted or was preempted since keeps nothing of it (a preempted one
         samples that position again, with the same Philox key, when it resumes). None when no
         request is left: the step is dropped unread."""
@@ -80,12 +82,19 @@ class DecodeAhead:
         return SchedulerOutput(live), launched
 
     def launch_next(self, so: SchedulerOutput, launched: LaunchedDecode) -> None:
-        """Queue ``launched``'s continuation, if the scheduler would have scheduled just that."""
+        """Plan ``launched``'s continuation, if the scheduler would have scheduled just that,
+        and queue it on the device unless adaptive k chose to draft after it: then it waits,
+        planned, for the next ``EngineCore.step`` to run it once this step's tokens are read."""
         scheduled = self._continuation(so)
-        if scheduled:
-            cont = SchedulerOutput(scheduled)
-            self.pending = (cont, self.runner.launch_decode(scheduled, after=launched))
-            self.num_ahead_steps += 1
+        if not scheduled:
+            return
+        cont = SchedulerOutput(scheduled)
+        if any(s.k_next for s in scheduled):
+            self.pending = (cont, None)
+            self.num_planned_steps += 1
+            return
+        self.pending = (cont, self.runner.launch_decode(scheduled, after=launched))
+        self.num_ahead_steps += 1
 
     def drop(self) -> None:
         self.pending = None
@@ -109,17 +118,20 @@ class DecodeAhead:
         if not out:
             return None
         spec = self.spec_control
+        room = 1   # KV slots past each request's position: its token, plus drafts it may propose
         if spec is not None:
-            # with a draft model only a step that adaptive k holds at k = 0 runs ahead; planning
-            # it here (not after the last step is read) is what the scheduler's path would do
-            if any(s.request.num_draft_kv_ahead for s in out) or not spec.will_hold_zero(len(out)):
+            # with a draft model only adaptive k at k = 0 continues: no drafts pending, no draft
+            # KV ahead; the plan may still pick k > 0 for the next step (``launch_next``)
+            if not spec.at_zero or any(s.request.num_draft_kv_ahead or s.request.draft_token_ids
+                                       for s in out):
                 return None
+            room += spec.k_max
         kv = sched.kv
-        if sum(max(0, kv.blocks_for(s.num_computed_before + 1) - len(s.request.block_ids))
+        if sum(max(0, kv.blocks_for(s.num_computed_before + room) - len(s.request.block_ids))
                for s in out) > kv.pool.num_free:
             return None   # the scheduler decides who is preempted
-        for s in out:
-            kv.allocate(s.request, s.num_computed_before + 1)
         if spec is not None:
-            spec.plan(out)   # holds: k_next stays 0 and the step counts as one at k = 0
+            spec.plan(out, unread=1)   # as the scheduler's path would, before the token is read
+        for s in out:
+            kv.allocate(s.request, s.num_computed_before + 1 + s.k_next)
         return out

@@ -320,17 +320,13 @@ class KController:
     def adaptive(self) -> bool:
         return self.mode == "adaptive"
 
-    def would_hold_zero(self, batch: int) -> bool:
-        """Whether ``hold_zero(batch)`` would hold, without counting the step."""
-        return not (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
-                    or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
-                    or self.steps_at_zero + 1 >= self.explore_every)
-
     def hold_zero(self, batch: int) -> bool:
         """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
         full evaluation at this batch size less than ZERO_RECHECK steps ago, and no probe due.
         A held step counts as a step at 0 (probes, ``chosen_counts``) like a decided one."""
-        if not self.would_hold_zero(batch):
+        if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
+                or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
+                or self.steps_at_zero + 1 >= self.explore_every):
             return False
         self._held += 1
         self.steps_at_zero += 1
@@ -477,14 +473,22 @@ class SpecControl:
             f = self._fixed[req.request_id] = (temperature_bucket(p.temperature), pinned)
         return f
 
-    def will_hold_zero(self, num_sampling: int) -> bool:
-        """Whether ``plan`` over ``num_sampling`` sampling requests would keep every k at 0
-        without a full evaluation (decode-ahead queues only such steps before the last is read)."""
-        return self.controller.would_hold_zero(num_sampling)
+    @property
+    def at_zero(self) -> bool:
+        """Adaptive k whose last decision was k = 0 for the batch (decode-ahead plans the next
+        step before this one's tokens are read only then)."""
+        ctl = self.controller
+        return ctl.adaptive and ctl.current == 0 and ctl.force is None
 
-    def plan(self, scheduled: list) -> None:
+    @property
+    def k_max(self) -> int:
+        return self.controller.k_max
+
+    def plan(self, scheduled: list, unread: int = 0) -> None:
         """Runs every step over every sampling request: the per-row work is a few integer
-        operations (the fixed part is cached per request), so k = 0 costs next to nothing."""
+        operations (the fixed part is cached per request), so k = 0 costs next to nothing.
+        ``unread``: tokens each request has sampled that its token list does not hold yet
+        (decode-ahead plans a step before the previous one is read)."""
         ctl = self.controller
         if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
             for s in scheduled:
@@ -498,10 +502,10 @@ class SpecControl:
                 continue
             req = s.request
             f = self._fixed_part(req)
-            n = len(req.token_ids)
+            n = len(req.token_ids) + unread
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
             sampling.append(s)   # budget: drafts that fit once this step's token is committed
-            rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1), f[1],
+            rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
                             max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
         if not sampling:
             return

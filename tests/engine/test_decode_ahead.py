@@ -178,3 +178,19 @@ def test_adaptive_k_held_at_zero_runs_ahead_exactly(make_llm, tiny_checkpoint):
     ctl = spec.core.spec_control.controller
     assert ctl.chosen_counts[0] > 0
     assert spec.core.decode_ahead.num_ahead_steps >= 10
+
+
+def test_adaptive_k_leaving_zero_runs_the_planned_step_after_the_read(make_llm):
+    """A self-draft: adaptive k leaves 0. The step whose plan (made before the previous step
+    is read) picks k > 0 is not queued ahead but run once the tokens are read; greedy output
+    equals plain decoding's, and every KV block comes back."""
+    prompts = _prompts(3, seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True)
+    plain = make_llm(MODEL, async_scheduling=False, max_model_len=256)
+    spec = make_llm(MODEL, draft_model=MODEL, num_speculative_tokens=3, speculative_k="adaptive",
+                    max_model_len=256)
+    a, b = _run(plain, prompts, params), _run(spec, prompts, params)
+    _assert_same(a, b)
+    ahead = spec.core.decode_ahead
+    assert ahead.num_ahead_steps > 0 and ahead.num_planned_steps > 0
+    assert sum(spec.core.spec_control.controller.chosen_counts[1:]) > 0
