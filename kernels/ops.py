@@ -40,6 +40,13 @@ def silu_and_mul(x):
     return selected().layers.silu_and_mul(x)
 
 
+def silu_mul_linear(gate_up, weight, bias=None):
+    """linear(silu_and_mul(gate_up), weight, bias): gate_up [M, 2I] (gate | up), weight [N, I]
+    -> [M, N]. The Triton backend fuses the activation into the GEMV for a few rows (decode),
+    bit for bit equal to the two ops; otherwise it runs them apart."""
+    return selected().layers.silu_mul_linear(gate_up, weight, bias)
+
+
 def write_kv(k, v, k_cache, v_cache, slot_mapping):
     return selected().layers.write_kv(k, v, k_cache, v_cache, slot_mapping)
 

@@ -83,6 +83,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :inter]) * x[..., inter:]
 
 
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The MLP's activation and down projection as one op: linear(silu_and_mul(gate_up), weight,
+    bias). gate_up: [M, 2I], weight: [N, I] -> [M, N]."""
+    return F.linear(silu_and_mul(gate_up), weight, bias)
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store token i's K/V at slot_mapping[i]; negative slots (padding) are skipped.

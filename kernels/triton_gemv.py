@@ -17,7 +17,11 @@ each weight tile once, accumulating in fp32:
   weight element, cost more than the bytes);
 * ``SPLIT_K == 1`` adds the bias and stores in x's dtype; ``SPLIT_K > 1`` stores fp32 partial
   sums ``[SPLIT_K, M, N]`` and a second small kernel adds them in slice order (0, 1, ...), adds
-  the bias and rounds once. No atomics: the result is the same bit for bit on every run.
+  the bias and rounds once. No atomics: the result is the same bit for bit on every run;
+* ``SILU_MUL`` (:func:`silu_mul_linear`, the MLP's down projection): x is not read from memory
+  but formed per tile from the two halves of ``gate_up [M, 2K]`` as ``silu(gate) * up``, rounded
+  by :func:`silu_mul` exactly as the separate silu_and_mul kernel rounds it, so the fused launch
+  equals ``linear(silu_and_mul(gate_up))`` bit for bit and saves that kernel and its round trip.
 
 Launch shapes come from :func:`gemv_config` (an explicit table by (M, N, K), no autotuning: the
 kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). Nothing
@@ -38,8 +42,8 @@ import triton.language as tl
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
 MODES = ("late", "step", "dot")
 
-__all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "enabled", "set_enabled",
-           "interpreting"]
+__all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "silu_mul_linear", "silu_mul",
+           "enabled", "set_enabled", "interpreting"]
 
 # The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
 # the engine was started with --no-gemv (engine/setup.py calls ops.set_gemv; every linear is
@@ -188,17 +192,38 @@ def gemv_config(m: int, n: int, k: int) -> Optional[GemvConfig]:
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up in gate's dtype: silu in fp32 rounded to the dtype (like torch's F.silu),
+    then the product in fp32 rounded again. The one definition of the activation's rounding:
+    triton_layers' silu_and_mul kernel and the fused GEMV prologue both call it."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
+def _load_x(x_base, kk, mask, K, SILU_MUL: tl.constexpr):
+    """One [BM, BK] tile of x: read, or (SILU_MUL) formed from gate = columns kk and up =
+    columns K + kk of the gate_up rows. Masked lanes are 0 either way (silu(0) * 0 = 0)."""
+    if SILU_MUL:
+        gate = tl.load(x_base + kk[None, :], mask=mask, other=0.0)
+        up = tl.load(x_base + K + kk[None, :], mask=mask, other=0.0)
+        return silu_mul(gate, up)
+    return tl.load(x_base + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
     """Add one K tile's products to ``acc`` ([BN, BM] for "dot", [BM, BN, BK] for "late",
     [BM, BN] for "step")."""
     if EVEN_K:
         w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
-        x = tl.load(x_base + kk[None, :], mask=m_ok, other=0.0)                    # [BM, BK]
+        x = _load_x(x_base, kk, m_ok, K, SILU_MUL)                                 # [BM, BK]
     else:
         k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
         w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
-        x = tl.load(x_base + kk[None, :], mask=m_ok & k_ok, other=0.0)
+        x = _load_x(x_base, kk, m_ok & k_ok, K, SILU_MUL)
     if MODE == "dot":
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)              # [BN, BM]
     else:
@@ -216,10 +241,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 WHILE_LOOP: tl.constexpr):
+                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
-    ``EVEN_K``: every slice is whole tiles inside K (no masks along K)."""
+    ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
+    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -242,12 +268,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
         k0 = 0
         while k0 < k_per_split:
             acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
-                              PRECISION)
+                              PRECISION, SILU_MUL)
             k0 += BLOCK_K
     else:
         for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
             acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
-                              PRECISION)
+                              PRECISION, SILU_MUL)
     if MODE == "dot":
         acc = tl.trans(acc)                                                        # [BM, BN]
     elif MODE == "late":
@@ -280,13 +306,20 @@ def _split_reduce_kernel(part_ptr, b_ptr, out_ptr, N, stride_ps, stride_pm, stri
     tl.store(out_ptr + m * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                width: int) -> bool:
+    """Whether the kernel can read x (last dim ``width``: K, or 2K for gate_up) and the weight."""
     return (x.dim() >= 1 and weight.dim() == 2 and weight.stride(1) == 1
-            and x.shape[-1] == weight.shape[1] and x.dtype == weight.dtype
+            and x.shape[-1] == width and x.dtype == weight.dtype
             and (bias is None or (bias.dim() == 1 and bias.stride(0) == 1
                                   and bias.shape[0] == weight.shape[0]
                                   and bias.dtype == weight.dtype and bias.device == weight.device))
             and x.device == weight.device)
+
+
+def _takes(cfg: Optional[GemvConfig], m: int, k: int) -> bool:
+    """Whether a launch shape runs m rows of depth k (tl.dot needs K tiles of >= 16)."""
+    return cfg is not None and 1 <= m <= MAX_ROWS and not (cfg.mode == "dot" and k < 16)
 
 
 # Shared memory the pipelined tiles may take: an H100 has 227 KiB per block, and Triton keeps
@@ -295,11 +328,49 @@ def _launchable(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 _STAGE_BYTES = 160 * 1024
 
 
-def _stages_that_fit(cfg: GemvConfig, block_m: int, elt: int) -> int:
+def _stages_that_fit(cfg: GemvConfig, block_m: int, elt: int, x_tiles: int = 1) -> int:
     """cfg.num_stages, fewer where num_stages - 1 weight + x tiles would pass _STAGE_BYTES (the
-    table is tuned in bf16; an fp32 model gets the same tiles with fewer stages)."""
-    per_stage = (cfg.block_n + block_m) * cfg.block_k * elt
+    table is tuned in bf16; an fp32 model gets the same tiles with fewer stages). ``x_tiles``:
+    x tiles per stage (2 for gate and up). Stages change no result, only the pipelining."""
+    per_stage = (cfg.block_n + x_tiles * block_m) * cfg.block_k * elt
     return max(1, min(cfg.num_stages, _STAGE_BYTES // per_stage + 1))
+
+
+def _rows(x: torch.Tensor, m: int) -> torch.Tensor:
+    """x as [m, width] with a unit stride along the row (a copy only when it has none)."""
+    x2 = x.reshape(m, x.shape[-1])
+    return x2 if x2.stride(1) == 1 else x2.contiguous()
+
+
+def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+            cfg: GemvConfig, silu_mul: bool) -> torch.Tensor:
+    """The GEMV (and its split-K reduction) on x2 [M, K] (or gate_up [M, 2K] when ``silu_mul``)
+    -> [M, N] in x2's dtype."""
+    m = x2.shape[0]
+    n, k = weight.shape
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)                  # [M, N]
+    block_m = max(triton.next_power_of_2(m), 16 if cfg.mode == "dot" else 1)   # dot: >= 16
+    stages = _stages_that_fit(cfg, block_m, x2.element_size(), 2 if silu_mul else 1)
+    block_k = min(cfg.block_k, triton.next_power_of_2(k))
+    split = max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
+    split = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(n, cfg.block_n), split)
+    b = bias if bias is not None else weight
+    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
+                       dst.stride(-2), dst.stride(0) if split > 1 else 0,
+                       HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+                       BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
+                       MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+                       NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
+                       num_warps=cfg.num_warps)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_reduce_kernel[(m, triton.cdiv(n, block))](
+            dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4)
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -313,32 +384,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     n, k = weight.shape
     m = x.numel() // k if k else 0
     cfg = config if config is not None else gemv_config(m, n, k)
-    if (cfg is None or not 1 <= m <= MAX_ROWS or not _launchable(x, weight, bias)
-            or (cfg.mode == "dot" and k < 16)):   # tl.dot needs K tiles of >= 16
+    if not _takes(cfg, m, k) or not _launchable(x, weight, bias, k):
         return F.linear(x, weight, bias)
-    x2 = x.reshape(m, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)                    # [M, N]
-    block_m = max(triton.next_power_of_2(m), 16 if cfg.mode == "dot" else 1)   # dot: >= 16
-    stages = _stages_that_fit(cfg, block_m, x.element_size())
-    block_k = min(cfg.block_k, triton.next_power_of_2(k))
-    split = max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
-    split = triton.cdiv(k, k_per_split)
-    grid = (triton.cdiv(n, cfg.block_n), split)
-    b = bias if bias is not None else weight
-    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
-                       dst.stride(-2), dst.stride(0) if split > 1 else 0,
-                       HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-                       BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
-                       MODE=cfg.mode, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                       NUM_STAGES=stages,
-                       WHILE_LOOP=interpreting(), num_warps=cfg.num_warps)
-    if split > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_reduce_kernel[(m, triton.cdiv(n, block))](
-            dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4)
-    return out.reshape(*x.shape[:-1], n)
+    return _launch(_rows(x, m), weight, bias, cfg, silu_mul=False).reshape(*x.shape[:-1], n)
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                    config: Optional[GemvConfig] = None) -> Optional[torch.Tensor]:
+    """``linear(silu_and_mul(gate_up), weight, bias)`` in one launch, or None where the kernel
+    does not take the call (the caller then runs the two ops apart).
+
+    gate_up [..., 2K] (gate = first K columns, up = last K), weight [N, K] -> [..., N]. The
+    launch shape is the one :func:`linear` would use for the product alone (``config``, default
+    :func:`gemv_config` of (M, N, K)), and each x tile is rounded like triton_layers'
+    silu_and_mul output: the result equals the unfused Triton path bit for bit. None for rows
+    outside 1..MAX_ROWS, a shape the table gives to cuBLAS, mixed dtypes or devices, a last dim
+    other than 2K, a weight without unit stride along K.
+    """
+    n, k = weight.shape
+    m = gate_up.numel() // (2 * k) if k else 0
+    cfg = config if config is not None else gemv_config(m, n, k)
+    if not _takes(cfg, m, k) or not _launchable(gate_up, weight, bias, 2 * k):
+        return None
+    return _launch(_rows(gate_up, m), weight, bias, cfg, silu_mul=True).reshape(
+        *gate_up.shape[:-1], n)

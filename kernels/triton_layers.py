@@ -17,9 +17,10 @@ import triton.language as tl
 from specserve.kernels import triton_gemv
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
+from specserve.kernels.triton_gemv import silu_mul as _silu_mul
 
-__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
-           "attention_prologue", "paged_attention"]
+__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
+           "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -157,9 +158,8 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, BLOCK: tl.
     ok = offs < inter
     gate = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=ok, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)   # silu, rounded like torch's
-    tl.store(out_ptr + row * stride_out + offs, (act * up.to(tl.float32)).to(gate.dtype), mask=ok)
+    # silu rounded like torch's, then the product: the same function the fused GEMV calls
+    tl.store(out_ptr + row * stride_out + offs, _silu_mul(gate, up), mask=ok)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -173,6 +173,20 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[(num_rows, triton.cdiv(inter, block))](
         x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4)
     return out
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """linear(silu_and_mul(gate_up), weight, bias): gate_up [M, 2K] (gate | up), weight [N, K]
+    -> [M, N]. While the GEMV is enabled, rows it takes (1..MAX_ROWS, a launch shape for the
+    product's (M, N, K)) run as one launch that forms silu(gate) * up per x tile
+    (:func:`triton_gemv.silu_mul_linear`), equal to the two ops bit for bit; anything else runs
+    the two ops."""
+    if triton_gemv.enabled() and (gate_up.is_cuda or triton_gemv.interpreting()):
+        out = triton_gemv.silu_mul_linear(gate_up, weight, bias)
+        if out is not None:
+            return out
+    return linear(silu_and_mul(gate_up), weight, bias)
 
 
 @triton.jit

@@ -61,3 +61,53 @@ def test_ops_linear_in_a_cuda_graph_is_deterministic() -> None:
             assert torch.equal(out, eager)
     finally:
         backend.set_backend("torch")
+
+
+@pytest.mark.parametrize("n,k", [(1024, 3072), (4096, 12288), (4096, 14336), (37, 100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_silu_mul_linear_equals_the_unfused_ops_bit_for_bit(n: int, k: int, dtype: torch.dtype) -> None:
+    """The MLP's down projection with the SiLU-and-mul prologue (triton_gemv.silu_mul_linear)
+    against the unfused Triton path (triton_layers.silu_and_mul, then the GEMV at the same
+    config): equal bit for bit on the GPU's own code generation, every row count and mode."""
+    from specserve.kernels import triton_gemv as G
+    from specserve.kernels import triton_layers
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(dtype)
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    cfgs = [None, G.GemvConfig(4, 512, 1, 4, 3, "late"), G.GemvConfig(64, 128, 3, 4, 4, "dot"),
+            G.GemvConfig(16, 128, 2, 4, 1, "step")]
+    for m in range(1, G.MAX_ROWS + 1):
+        gate_up = (2 * torch.randn(m, 2 * k, device="cuda", generator=gen)).to(dtype)
+        act = triton_layers.silu_and_mul(gate_up)
+        for cfg in cfgs:
+            for bias in (None, b):
+                got = G.silu_mul_linear(gate_up, w, bias, config=cfg)
+                assert got is not None, (m, cfg)
+                want = G.linear(act, w, bias, config=cfg)
+                assert torch.equal(got, want), f"M={m} {cfg} bias={bias is not None}"
+
+
+def test_ops_silu_mul_linear_in_a_cuda_graph_is_deterministic() -> None:
+    from specserve.kernels import backend, ops
+
+    backend.set_backend("triton")
+    try:
+        w = torch.randn(1024, 3072, device="cuda", dtype=torch.bfloat16) / 50
+        gate_up = torch.randn(4, 2 * 3072, device="cuda", dtype=torch.bfloat16)
+        eager = ops.silu_mul_linear(gate_up, w)
+        assert torch.equal(eager, ops.linear(ops.silu_and_mul(gate_up), w))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            ops.silu_mul_linear(gate_up, w)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.silu_mul_linear(gate_up, w)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager)
+    finally:
+        backend.set_backend("torch")

@@ -5,7 +5,10 @@ Shapes are small and odd (N and K not multiples of any block) so that every mask
 clamped last column block are exercised. Tolerances: fp32 1e-5 (both accumulate in fp32, in a
 different order; outputs are O(1)); fp16 2e-3 against the fp32 product of the same fp16 inputs
 (the kernel rounds once, at the end: |error| <= 2^-11 of an O(1) output plus fp32 noise).
-bf16 is not tested here (the interpreter's bf16 arithmetic is unreliable); the GPU bench checks it.
+bf16 is not tested against torch here (the interpreter's bf16 arithmetic is unreliable); the GPU
+bench checks it. The fused SiLU-and-mul prologue (silu_mul_linear) is compared with the unfused
+Triton path bit for bit, in fp32, bf16 and fp16: both paths run the same interpreter arithmetic,
+so any difference is a difference in the kernels' maths.
 """
 
 from __future__ import annotations
@@ -108,3 +111,127 @@ def test_through_ops_strided_and_3d_inputs_and_the_switch() -> None:
     finally:
         G.set_enabled(True)
         backend.set_backend("torch")
+
+
+# --- the MLP's SiLU-and-mul fused into the down projection (silu_mul_linear) ---------------------
+
+def _gate_up(m: int, k: int, dtype, seed: int, pad: int = 0) -> torch.Tensor:
+    """[m, 2k] gate | up rows (values around the SiLU's bend); ``pad`` extra columns per row make
+    the row stride 2k + pad."""
+    gen = torch.Generator().manual_seed(seed * 100 + m)
+    full = (2 * torch.randn(m, 2 * k + pad, generator=gen)).to(dtype)
+    return full[:, :2 * k]
+
+
+def _unfused(gate_up, w, b, cfg):
+    from specserve.kernels import triton_layers
+
+    return G.linear(triton_layers.silu_and_mul(gate_up), w, b, config=cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("mode", G.MODES)
+@pytest.mark.parametrize("split", [1, 4])
+def test_silu_mul_linear_equals_the_unfused_path_bit_for_bit(dtype, mode: str, split: int) -> None:
+    """Every row count 1..8, with and without bias; K = 100 is not a multiple of the 32-wide K
+    tile (split 4: four slices of 32, the last one partly past K); the activation is rounded
+    to the dtype before the product, so the fused launch reads the very x the unfused one does."""
+    from specserve.kernels import ref_layers
+
+    cfg = G.GemvConfig(block_n=16, block_k=32, split_k=split, mode=mode)
+    for m in range(1, G.MAX_ROWS + 1):
+        for bias in (False, True):
+            gate_up = _gate_up(m, K, dtype, seed=split)
+            _, w, b = _inputs(m, N, K, bias=bias, dtype=dtype, seed=split + 1)
+            got = G.silu_mul_linear(gate_up, w, b, config=cfg)
+            assert got is not None and got.shape == (m, N) and got.dtype == dtype
+            want = _unfused(gate_up, w, b, cfg)
+            assert torch.equal(got, want), f"M={m} bias={bias}: max diff {(got - want).abs().max()}"
+            if dtype == torch.float32:   # and it is the product it claims to be
+                torch.testing.assert_close(got, ref_layers.silu_mul_linear(gate_up, w, b),
+                                           atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", G.MODES)
+def test_silu_mul_linear_even_k_and_strided_rows(mode: str) -> None:
+    """K a multiple of the tile (no K masks), gate_up rows with a stride past 2K (a view)."""
+    cfg = G.GemvConfig(block_n=16, block_k=32, split_k=2, mode=mode)
+    for m in (1, 3, 8):
+        gate_up = _gate_up(m, 128, torch.float32, seed=9, pad=6)
+        assert gate_up.stride(0) == 2 * 128 + 6
+        _, w, b = _inputs(m, N, 128, bias=True, seed=9)
+        got = G.silu_mul_linear(gate_up, w, b, config=cfg)
+        assert got is not None and torch.equal(got, _unfused(gate_up, w, b, cfg))
+
+
+def test_silu_mul_linear_uses_the_down_projections_table_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a config it takes gemv_config's choice for (M, N, K) of the product, and still
+    equals the unfused path (which takes the same entry)."""
+    mine = G.GemvConfig(block_n=8, block_k=64, split_k=2, mode="step")
+    monkeypatch.setitem(G.CONFIG_TABLE, (4, N, K), mine)
+    gate_up = _gate_up(3, K, torch.float32, seed=4)
+    _, w, b = _inputs(3, N, K, bias=True, seed=4)
+    got = G.silu_mul_linear(gate_up, w, b)
+    assert got is not None and torch.equal(got, _unfused(gate_up, w, b, None))
+    assert torch.equal(got, _unfused(gate_up, w, b, mine))
+
+
+def test_silu_mul_linear_declines_what_the_kernel_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None (the caller runs the two ops) for: more rows than MAX_ROWS, no rows, a table entry
+    of None, a last dim other than 2K, mixed dtypes, "dot" at K < 16; no launch in any of them."""
+    launched = []
+    monkeypatch.setattr(G, "_gemv_kernel", _Spy(launched))
+    _, w, b = _inputs(1, N, K, bias=True)
+    assert G.silu_mul_linear(_gate_up(G.MAX_ROWS + 1, K, torch.float32, 0), w, b) is None
+    assert G.silu_mul_linear(torch.empty(0, 2 * K), w, b) is None
+    monkeypatch.setitem(G.CONFIG_TABLE, (2, N, K), None)
+    assert G.silu_mul_linear(_gate_up(2, K, torch.float32, 0), w, b) is None
+    assert G.silu_mul_linear(torch.randn(2, 2 * K + 1), w, b) is None
+    assert G.silu_mul_linear(_gate_up(1, K, torch.float64, 0), w, b) is None
+    dot = G.GemvConfig(block_n=16, block_k=16, mode="dot")
+    small_w = torch.randn(N, 8)
+    assert G.silu_mul_linear(torch.randn(1, 16), small_w, config=dot) is None
+    assert not launched
+
+
+def test_silu_mul_linear_through_ops_fallbacks_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops.silu_mul_linear on the triton backend: fused for 1..8 rows (a [B, T, 2K] input too),
+    the unfused Triton ops for 9 rows, with --no-gemv, and where the table says cuBLAS; always
+    equal to ops.linear(ops.silu_and_mul(.)) bit for bit; the torch twin is the reference."""
+    from specserve.kernels import backend, ops, ref_layers
+
+    _, w, b = _inputs(1, N, K, bias=True, seed=6)
+    backend.set_backend("triton")
+    try:
+        def unfused(g):
+            return ops.linear(ops.silu_and_mul(g), w, b)
+
+        for m in (1, 4, G.MAX_ROWS, G.MAX_ROWS + 1):
+            gate_up = _gate_up(m, K, torch.float32, seed=6)
+            assert torch.equal(ops.silu_mul_linear(gate_up, w, b), unfused(gate_up)), m
+        x3 = _gate_up(4, K, torch.float32, seed=7).reshape(2, 2, 2 * K)
+        got3 = ops.silu_mul_linear(x3, w, b)
+        assert got3.shape == (2, 2, N)
+        assert torch.equal(got3.reshape(4, N), unfused(x3.reshape(4, 2 * K)))
+
+        gate_up = _gate_up(2, K, torch.float32, seed=8)
+        fused = ops.silu_mul_linear(gate_up, w, b)
+        monkeypatch.setitem(G.CONFIG_TABLE, (2, N, K), None)     # "cuBLAS is faster here"
+        assert torch.equal(ops.silu_mul_linear(gate_up, w, b),
+                           F.linear(ops.silu_and_mul(gate_up), w, b))
+        torch.testing.assert_close(fused, ops.silu_mul_linear(gate_up, w, b), atol=1e-5, rtol=1e-5)
+        monkeypatch.delitem(G.CONFIG_TABLE, (2, N, K))
+        G.set_enabled(False)
+        launched = []
+        monkeypatch.setattr(G, "_gemv_kernel", _Spy(launched))
+        assert torch.equal(ops.silu_mul_linear(gate_up, w, b),
+                           F.linear(ops.silu_and_mul(gate_up), w, b)) and not launched
+    finally:
+        G.set_enabled(True)
+        backend.set_backend("torch")
+    torch.testing.assert_close(ops.silu_mul_linear(gate_up, w, b),
+                               ref_layers.silu_mul_linear(gate_up, w, b), atol=1e-5, rtol=1e-5)
+    assert torch.equal(ref_layers.silu_mul_linear(gate_up, w, b),
+                       F.linear(ref_layers.silu_and_mul(gate_up), w, b))
+
