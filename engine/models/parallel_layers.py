@@ -78,7 +78,16 @@ class RowParallelLinear(nn.Module):
         _copy(param.data, full[:, lo:lo + self.in_local], "row shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(ops.linear(x, self.weight))
+        return self._reduce(ops.linear(x, self.weight))
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``self(ops.silu_and_mul(gate_up))``: gate_up [N, 2 in / tp] is this rank's gate | up
+        slices (ParallelMLP's column split); the local product fuses the activation like
+        :meth:`Linear.forward_silu_mul`, then the all-reduce and the bias as in :meth:`forward`."""
+        return self._reduce(ops.silu_mul_linear(gate_up, self.weight))
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        y = self.group.all_reduce(partial)
         return y if self.bias is None else y + self.bias
 
 

@@ -235,3 +235,29 @@ def test_silu_mul_linear_through_ops_fallbacks_and_the_switch(monkeypatch: pytes
     assert torch.equal(ref_layers.silu_mul_linear(gate_up, w, b),
                        F.linear(ref_layers.silu_and_mul(gate_up), w, b))
 
+
+def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine/models/llama.py's MLP on the triton backend: for decode rows its down projection
+    is one fused launch (no separate silu_and_mul), and the output equals
+    down_proj(silu_and_mul(gate_up_proj(x))) bit for bit; 9 rows run the unfused ops."""
+    from types import SimpleNamespace
+
+    from specserve.engine.models.llama import MLP
+    from specserve.kernels import backend, ops, triton_layers
+
+    torch.manual_seed(0)
+    mlp = MLP(SimpleNamespace(hidden_size=24, intermediate_size=K, mlp_bias=True))
+    backend.set_backend("triton")
+    try:
+        for m in (1, 5, G.MAX_ROWS + 1):
+            x = torch.randn(m, 24)
+            want = mlp.down_proj(ops.silu_and_mul(mlp.gate_up_proj(x)))
+            calls = []
+            real = triton_layers.silu_and_mul
+            monkeypatch.setattr(triton_layers, "silu_and_mul", lambda t: calls.append(t) or real(t))
+            got = mlp(x)
+            monkeypatch.setattr(triton_layers, "silu_and_mul", real)
+            assert torch.equal(got, want), m
+            assert len(calls) == (0 if m <= G.MAX_ROWS else 1), m
+    finally:
+        backend.set_backend("torch")
