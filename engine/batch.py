@@ -55,3 +55,6 @@ class ModelRunnerOutput:
     results: dict[str, RequestResult] = field(default_factory=dict)
     target_seconds: float = 0.0        # target forward + verification (GPU time on CUDA)
     draft_seconds: float = 0.0         # the draft's catch-up and proposal
+    # a step read after the next one was queued (decode-ahead, CUDA): seconds the host blocked
+    # waiting for its tokens; the rest of the step's wall time is host work the GPU did not wait for
+    host_wait_seconds: Optional[float] = None

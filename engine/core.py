@@ -193,6 +193,7 @@ class EngineCore:
             else:
                 out = self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
+            stats.host_wait_seconds = out.host_wait_seconds
             now = time.monotonic()
             self.scheduler.update_from_output(
                 so, out, stats, lambda req, res: self._append_tokens(req, res, stats, now))

@@ -229,8 +229,16 @@ class CostModel:
 
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
 
-    def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float) -> None:
+    def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float,
+                hidden_host: Optional[float] = None) -> None:
         """A decode-only step that verified ``k_verify`` and proposed ``k_draft`` drafts per row.
+
+        The host residual (step time beyond the calibrated device time) is what a step whose
+        tokens are read before the next is queued pays on top of the device. A decode-ahead step
+        hides it behind the GPU, so its own residual is near 0 and would make every k > 0 look
+        as cheap as its device time; such a step teaches its host work instead
+        (``hidden_host``: its wall time minus the time it blocked on the tokens). Its measured
+        cell keeps its real time: k = 0 is that cheap while it runs ahead.
 
         A stall (a kernel compiled on first use, the draft's catch-up after steps at k = 0, a
         host hiccup) is not the cost of that k: taught as is, one such step (seconds, against
@@ -240,7 +248,10 @@ class CostModel:
         expect = self._expected(batch, k_verify, k_draft)
         seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
         b = self.bucket(batch)
-        residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
+        if hidden_host is not None:
+            residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
+        else:
+            residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
         self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
         if k_verify == k_draft:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
@@ -416,12 +427,13 @@ class KController:
         return d
 
     def observe_step(self, batch: int, k_verify: int, k_draft: int, tokens: int,
-                     seconds: float) -> None:
+                     seconds: float, hidden_host: Optional[float] = None) -> None:
         """A decode-only step: every row verified ``k_verify`` (the widest row) and proposed up
-        to ``k_draft`` drafts; ``tokens`` were committed in ``seconds``."""
+        to ``k_draft`` drafts; ``tokens`` were committed in ``seconds``. ``hidden_host``: the
+        host work of a step the GPU did not wait for (decode-ahead), see CostModel.observe."""
         if self.cost is None or batch <= 0 or seconds <= 0:
             return
-        self.cost.observe(batch, k_verify, k_draft, seconds)
+        self.cost.observe(batch, k_verify, k_draft, seconds, hidden_host)
         if self.measured_tps is None:
             self.measured_tps, self.plain_tps = _Ema(), _Ema()
         self.measured_tps.add(tokens / seconds, 0.05)
@@ -531,8 +543,12 @@ class SpecControl:
         ctl = self.controller
         stats.spec_chosen_k = [s.k_next for s in sampling]
         if sampling and len(sampling) == len(scheduled) and stats.num_prompt_tokens == 0:
+            host = None   # a step read after the next was queued: its host work, hidden
+            if stats.host_wait_seconds is not None:
+                host = max(0.0, stats.step_seconds - stats.host_wait_seconds)
             ctl.observe_step(len(sampling), max(s.k for s in sampling),
-                             max(stats.spec_chosen_k), stats.num_generation_tokens, stats.step_seconds)
+                             max(stats.spec_chosen_k), stats.num_generation_tokens, stats.step_seconds,
+                             host)
         if ctl.last is not None:
             stats.spec_predicted_speedup = ctl.last.predicted_speedup
         stats.spec_measured_speedup = ctl.measured_speedup

@@ -272,6 +272,7 @@ class StepStats:
     step_seconds: float = 0.0
     target_seconds: float = 0.0          # target forward + verification (0 when no target ran)
     draft_seconds: float = 0.0           # draft catch-up + proposal (0 when no draft ran)
+    host_wait_seconds: Optional[float] = None   # decode-ahead on CUDA: blocked on the tokens
     spec_chosen_k: list[int] = field(default_factory=list)   # drafts allowed per sampling request
     spec_predicted_speedup: Optional[float] = None   # adaptive k: goodput(k) / goodput(0)
     spec_measured_speedup: Optional[float] = None    # recent tokens/s / modelled plain tokens/s

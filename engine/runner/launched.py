@@ -10,6 +10,7 @@ is the overlap of engine/decode_ahead.py.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -30,6 +31,7 @@ class HostRead:
 
     def __init__(self, t: torch.Tensor):
         self.event: Optional[torch.cuda.Event] = None
+        self.waited: Optional[float] = None   # seconds ``rows`` blocked (CUDA only)
         if t.device.type == "cuda":
             self.buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.buffer.copy_(t, non_blocking=True)
@@ -40,7 +42,9 @@ class HostRead:
 
     def rows(self) -> list:
         if self.event is not None:
+            t0 = time.perf_counter()
             self.event.synchronize()
+            self.waited = time.perf_counter() - t0
         return self.buffer.tolist()
 
 
@@ -65,4 +69,5 @@ class LaunchedDecode:
         """Wait for this step's tokens (not for work queued after it) and return its results."""
         results = self.verification.finish(self.read.rows())
         t0, t1 = self.marks
-        return ModelRunnerOutput(results, self.clock.seconds(t0, t1), 0.0)
+        return ModelRunnerOutput(results, self.clock.seconds(t0, t1), 0.0,
+                                 host_wait_seconds=self.read.waited)

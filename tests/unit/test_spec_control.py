@@ -135,6 +135,21 @@ def test_online_cells_replace_the_calibration():
     assert cost.step_seconds(16, 1) == pytest.approx(0.010 + 0.001 + (0.05 - 0.012), rel=0.05)
 
 
+def test_steps_run_ahead_teach_the_host_work_they_hide():
+    """Decode-ahead k = 0 steps take about their device time, the host work hidden behind the
+    GPU. Their measured cell says so, but a k > 0 step pays that host work on top of its device
+    time: the residual learnt for cells never measured is the hidden host work, not ~0."""
+    cost = CostModel(_cal(0.1))
+    for _ in range(40):     # device 10 ms, wall 10.2 ms, of which 3 ms host work done meanwhile
+        cost.observe(16, 0, 0, 0.0102, hidden_host=0.003)
+    assert cost.step_seconds(16, 0) == pytest.approx(0.0102, rel=0.02)
+    assert cost.step_seconds(16, 2) == pytest.approx(0.010 + 2 * 0.001 + 0.003, rel=0.05)
+    synchronous = CostModel(_cal(0.1))
+    for _ in range(40):
+        synchronous.observe(16, 0, 0, 0.0102)
+    assert synchronous.step_seconds(16, 2) == pytest.approx(0.012 + 0.0002, rel=0.05)
+
+
 def test_unpadded_costs_interpolate():
     cal = Calibration([1, 16], [1, 5], [[0.01, 0.02], [0.02, 0.06]], [0.001, 0.004], padded=False)
     cost = CostModel(cal)
