@@ -188,8 +188,6 @@ class EngineCore:
             if launched is not None:
                 ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
                 out = launched.collect()
-                # requests that finished in the step before this one keep nothing of it
-                so = replace(so, scheduled=[s for s in so.scheduled if not s.request.is_finished])
             else:
                 out = self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds

@@ -22,7 +22,7 @@ The continuation is queued only when the scheduler would have scheduled exactly 
   before N is read; if it picks k > 0, N + 1 is not queued but run, as planned, once N is
   read. Tensor parallelism reads tokens on the host, so it is excluded;
 * no request needs its full token history on the host for its logits (penalties, logit bias,
-  min_tokens, a grammar);
+  min_tokens, a grammar) or asks for logprobs (read on the host when the step is collected);
 * no waiting request could be admitted (the queue is empty or the batch is full);
 * the KV pool has the blocks for one more position of each request.
 
@@ -31,19 +31,24 @@ Otherwise the step is collected first and the scheduler plans the next one as be
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from specserve.engine.batch import SchedulerOutput, ScheduledRequest
-from specserve.engine.runner.launched import LaunchedDecode
 from specserve.engine.runner.logits import needs_processing
 from specserve.engine.request import RequestStatus
 from specserve.engine.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from specserve.engine.runner.launched import LaunchedDecode
+    from specserve.engine.runner.model_runner import ModelRunner
+    from specserve.engine.spec_control import SpecControl
 
 
 class DecodeAhead:
     """Owns the step queued ahead: whether a scheduled step may run ahead, and its continuation."""
 
-    def __init__(self, runner, scheduler: Scheduler, max_model_len: int, spec_control=None):
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, max_model_len: int,
+                 spec_control: Optional[SpecControl] = None):
         self.runner, self.scheduler, self.max_model_len = runner, scheduler, max_model_len
         self.spec_control = spec_control   # SpecControl with a draft model, else None
         self.pending: Optional[tuple[SchedulerOutput, Optional[LaunchedDecode]]] = None
@@ -51,7 +56,7 @@ class DecodeAhead:
         self.num_planned_steps = 0   # continuations planned with drafts, run after the read
 
     @staticmethod
-    def supported(runner) -> bool:
+    def supported(runner: ModelRunner) -> bool:
         """One device: tensor-parallel ranks read the token ids on the host."""
         return runner.tp is None
 
@@ -70,8 +75,9 @@ class DecodeAhead:
         """The step the last ``launch_next`` planned (queued on the device, or None: to run
         now), with its requests that still run: one that
         finished, was aborted or was preempted since keeps nothing of it (a preempted one
-        samples that position again, with the same Philox key, when it resumes). None when no
-        request is left: the step is dropped unread."""
+        samples that position again, with the same Philox key, when it resumes; the scheduler
+        never preempts while a step is queued, tests do). None when no request is left: the
+        step is dropped unread."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
@@ -108,13 +114,16 @@ class DecodeAhead:
             req = s.request
             if req.status != RequestStatus.RUNNING:   # finished, aborted or preempted since
                 continue
-            if req.grammar is not None or needs_processing(req):
+            # logits processors read the whole history; logprobs are read on the host when the
+            # step is collected, which would wait for the step queued behind it anyway
+            if req.grammar is not None or needs_processing(req) or req.params.logprobs is not None:
                 return None
             pos = s.num_computed_before + s.num_new_tokens   # the token this step samples
             # finishes on length with this step's token: no row for it
             if req.num_output_tokens + 1 >= req.max_tokens or pos + 1 >= self.max_model_len:
                 continue
-            out.append(ScheduledRequest(req, 1, pos, True, 0, 0))
+            out.append(ScheduledRequest(req, num_new_tokens=1, num_computed_before=pos, samples=True,
+                                        k=0, k_next=0))
         if not out:
             return None
         spec = self.spec_control

@@ -147,9 +147,11 @@ def test_a_new_request_is_scheduled_at_once(make_llm):
     SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3, ignore_eos=True),
     SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6),
     SamplingParams(temperature=0.0, max_tokens=12, logit_bias={5: 3.0}, ignore_eos=True),
-], ids=["penalty", "min_tokens", "logit_bias"])
+    SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True),
+], ids=["penalty", "min_tokens", "logit_bias", "logprobs"])
 def test_history_dependent_logits_stay_synchronous(make_llm, params):
-    """Processors that read the generated tokens need them on the host: no step runs ahead."""
+    """Processors that read the generated tokens need them on the host, and logprobs are read
+    there when a step is collected: no step runs ahead."""
     prompts = _prompts(2, seed=4)
     sync = make_llm(MODEL, async_scheduling=False)
     ahead = make_llm(MODEL, async_scheduling=True)
