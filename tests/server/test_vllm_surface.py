@@ -299,21 +299,29 @@ def test_stats_line_from_step_stats() -> None:
 def test_stats_log_lines_from_a_live_server(defaults_server: LiveServer,
                                             caplog: pytest.LogCaptureFixture) -> None:
     client = _openai(defaults_server)
+    # other servers of this test process log their own stats lines (every 10 s while they had
+    # work): only this server's thread counts
+    thread = f"uvicorn-{defaults_server.port}"
+
+    def own() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "specserve.stats" and r.threadName == thread]
+
     with caplog.at_level(logging.INFO, logger="specserve.stats"):
         client.completions.create(model=defaults_server.model, prompt=PROMPT, max_tokens=40, temperature=0,
                                   extra_body={"ignore_eos": True})
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any(
-                "spec decode" in m for m in _records(caplog, "specserve.stats")):
+                "spec decode" in m for m in own()):
             time.sleep(0.1)
         idle = "prompt 0.0 tok/s, generation 0.0 tok/s; running 0, waiting 0"
         deadline = time.monotonic() + 15   # the idle line follows (however loaded the CPU), then nothing
         while time.monotonic() < deadline and not any(
-                m.startswith(idle) for m in _records(caplog, "specserve.stats")[-1:]):
+                m.startswith(idle) for m in own()[-1:]):
             time.sleep(0.1)
-        lines = _records(caplog, "specserve.stats")
+        lines = own()
         time.sleep(1.0)
-        assert _records(caplog, "specserve.stats") == lines
+        assert own() == lines
     busy = [m for m in lines if "spec decode" in m]
     assert busy, lines
     pattern = (r"prompt [\d.]+ tok/s, generation [\d.]+ tok/s; running \d+, waiting \d+; KV cache [\d.]+% used; "
