@@ -231,7 +231,7 @@ class EngineCore:
                 self.scheduler.finish(req, FinishReason.STOP, tok)
             elif stop_str is not None:
                 self.scheduler.finish(req, FinishReason.STOP, stop_str)
-            elif n_out >= req.max_tokens or req.num_tokens >= self.info.max_model_len:
+            elif req.tokens_left(self.info.max_model_len) <= 0:
                 self.scheduler.finish(req, FinishReason.LENGTH)
             if req.is_finished:
                 req.times.finished = now

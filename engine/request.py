@@ -85,10 +85,15 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
+    def tokens_left(self, max_model_len: int) -> int:
+        """Tokens it may still commit before max_tokens and the context end; at 0 it finishes
+        on length."""
+        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+
     def draft_room(self, max_model_len: int) -> int:
         """Drafts that would still fit before max_tokens and the context end, counted before any
         new token is committed (may be negative)."""
-        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens) - 1
+        return self.tokens_left(max_model_len) - 1
 
     def spec_budget(self, k: int, max_model_len: int, num_new: int = 0) -> int:
         """How many drafts this request may still take once ``num_new`` more tokens are committed:
