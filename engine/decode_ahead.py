@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Optional
 
 from specserve.engine.batch import SchedulerOutput, ScheduledRequest
 from specserve.engine.runner.logits import needs_processing
+from specserve.engine.runner.speculator import nothing_to_draft
 from specserve.engine.request import RequestStatus
 from specserve.engine.scheduler import Scheduler
 
@@ -65,8 +66,8 @@ class DecodeAhead:
         """Every scheduled request samples one token and the draft model (if any) has nothing to
         do: no drafts verified or proposed, no draft KV ahead to account for. Such a step's
         tokens can be read later."""
-        return not so.is_empty and all(s.samples and s.k == 0 and s.k_next == 0
-                                       and not s.request.num_draft_kv_ahead for s in so.scheduled)
+        return (not so.is_empty and all(s.k == 0 for s in so.scheduled)
+                and nothing_to_draft(so.scheduled))
 
     def launch(self, so: SchedulerOutput) -> LaunchedDecode:
         return self.runner.launch_decode(so.scheduled)
@@ -110,18 +111,15 @@ class DecodeAhead:
         if sched.waiting and len(sched.running) < sched.limits.max_num_seqs:
             return None   # an admission is due: the scheduler plans the next step
         out = []
-        for s in so.scheduled:
+        for s in so.scheduled:   # all running: fresh from the scheduler or from ``take``
             req = s.request
-            if req.status != RequestStatus.RUNNING:   # finished, aborted or preempted since
-                continue
             # logits processors read the whole history; logprobs are read on the host when the
             # step is collected, which would wait for the step queued behind it anyway
             if req.grammar is not None or needs_processing(req) or req.params.logprobs is not None:
                 return None
+            if req.tokens_left(self.max_model_len) <= 1:
+                continue   # this step's token is its last (finishes on length): no row for it
             pos = s.num_computed_before + s.num_new_tokens   # the token this step samples
-            # finishes on length with this step's token: no row for it
-            if req.num_output_tokens + 1 >= req.max_tokens or pos + 1 >= self.max_model_len:
-                continue
             out.append(ScheduledRequest(req, num_new_tokens=1, num_computed_before=pos, samples=True,
                                         k=0, k_next=0))
         if not out:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from specserve.engine.batch import ModelRunnerOutput, ScheduledRequest
+from specserve.engine.batch import ModelRunnerOutput
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.transfer import to_device
 from specserve.engine.runner.verifier import Verification
@@ -50,20 +50,19 @@ class HostRead:
 
 @dataclass
 class LaunchedDecode:
-    """One queued step of ``scheduled`` (each samples one token, nothing is drafted)."""
+    """One queued step of ``verification.sampling`` (each samples one token, nothing is drafted)."""
 
-    scheduled: list[ScheduledRequest]
     verification: Verification
     read: HostRead
     clock: PhaseClock
     marks: tuple[Any, Any]     # the clock's marks around the target forward and the sampler
-    rows: dict[str, int]       # request id -> its row of ``verification.out``
 
     def sampled_on_device(self, request_ids: list[str]) -> torch.Tensor:
         """[len(request_ids)] int64: the token this step sampled for each, still on the device."""
-        out = self.verification.out
-        index = to_device([self.rows[r] for r in request_ids], torch.int64, out.device)
-        return out[:, 0].index_select(0, index)
+        v = self.verification
+        row = {s.request.request_id: i for i, s in enumerate(v.sampling)}
+        index = to_device([row[r] for r in request_ids], torch.int64, v.out.device)
+        return v.out[:, 0].index_select(0, index)
 
     def collect(self) -> ModelRunnerOutput:
         """Wait for this step's tokens (not for work queued after it) and return its results."""

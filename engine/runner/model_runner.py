@@ -153,8 +153,7 @@ class ModelRunner:
         v = start_verification(scheduled, logits, self.spec.rejection_method, self.spec.store_probs,
                                self.device, output_offset=0 if after is None else 1)
         t1 = clock.mark()
-        rows = {s.request.request_id: i for i, s in enumerate(scheduled)}
-        return LaunchedDecode(scheduled, v, HostRead(v.out), clock, (t0, t1), rows)
+        return LaunchedDecode(v, HostRead(v.out), clock, (t0, t1))
 
     def _forward(self, which: str, items: list[ForwardItem],
                  input_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:

@@ -40,7 +40,7 @@ class Speculator:
                 return self._chained(scheduled, v, clock)
             results = v.finish(v.out.tolist())   # the target's read; the drafts are read later
         t1 = clock.mark()
-        if drafter is None or _nothing_to_draft(scheduled):
+        if drafter is None or nothing_to_draft(scheduled):
             return results, t1, t1
         drafter.propose(scheduled, results)
         return results, t1, clock.mark()
@@ -59,7 +59,7 @@ class Speculator:
         return results, t1, t2
 
 
-def _nothing_to_draft(scheduled: list[ScheduledRequest]) -> bool:
+def nothing_to_draft(scheduled: list[ScheduledRequest]) -> bool:
     """A step where the draft model has nothing to do: every request samples (no prefill chunk
     to mirror), none may propose (k_next = 0) and none has draft KV ahead of its committed
     tokens to account for, so every request's draft-KV progress stays as it is."""
