@@ -39,6 +39,24 @@ def test_every_row_count_and_mode(n: int, k: int, dtype: torch.dtype) -> None:
                                        msg=lambda s: f"M={m} {cfg}: {s}")
 
 
+def _assert_graph_replays_equal_eager(call) -> None:
+    """``call()`` run eagerly, then warmed up on a side stream, captured in a CUDA graph and
+    replayed three times: every replay equals the eager result bit for bit."""
+    eager = call()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 def test_ops_linear_in_a_cuda_graph_is_deterministic() -> None:
     from specserve.kernels import backend, ops
 
@@ -46,19 +64,7 @@ def test_ops_linear_in_a_cuda_graph_is_deterministic() -> None:
     try:
         w = torch.randn(1024, 3072, device="cuda", dtype=torch.bfloat16) / 50
         x = torch.randn(4, 3072, device="cuda", dtype=torch.bfloat16)
-        eager = ops.linear(x, w)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            ops.linear(x, w)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = ops.linear(x, w)
-        for _ in range(3):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, eager)
+        _assert_graph_replays_equal_eager(lambda: ops.linear(x, w))
     finally:
         backend.set_backend("torch")
 
@@ -95,19 +101,7 @@ def test_ops_silu_mul_linear_in_a_cuda_graph_is_deterministic() -> None:
     try:
         w = torch.randn(1024, 3072, device="cuda", dtype=torch.bfloat16) / 50
         gate_up = torch.randn(4, 2 * 3072, device="cuda", dtype=torch.bfloat16)
-        eager = ops.silu_mul_linear(gate_up, w)
-        assert torch.equal(eager, ops.linear(ops.silu_and_mul(gate_up), w))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            ops.silu_mul_linear(gate_up, w)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = ops.silu_mul_linear(gate_up, w)
-        for _ in range(3):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, eager)
+        assert torch.equal(ops.silu_mul_linear(gate_up, w), ops.linear(ops.silu_and_mul(gate_up), w))
+        _assert_graph_replays_equal_eager(lambda: ops.silu_mul_linear(gate_up, w))
     finally:
         backend.set_backend("torch")
