@@ -4,9 +4,12 @@ Plain Python (no torch). The tensors themselves live in the model runner; here a
 index. The target and the draft model use the same block ids (each model has its own cache
 tensors), so a request's blocks are allocated and freed together for both models.
 
-Prefix caching: a full block whose tokens are committed and computed by every model is
-registered under a key chained from its predecessor's, ``(hash(previous key), tokens)``. A new
-request reuses the longest registered chain of its tokens. Blocks whose reference count drops to
+Prefix caching: a full block whose tokens are committed and computed by the target is registered
+under a key chained from its predecessor's, ``(hash(previous key), tokens)``. A new request reuses
+the longest registered chain of its tokens. The draft model's KV in a block may come later (a
+request held at k = 0 does not run the draft), so each block also says whether the draft's half
+is written: a request that reuses a block without it starts its draft KV behind the target's and
+catches up when it next drafts. Blocks whose reference count drops to
 zero go to the tail of an LRU free queue but keep their key until the block is reallocated, so a
 later request (or a preempted one coming back) can still hit them.
 """
@@ -31,6 +34,7 @@ class BlockPool:
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_cnt = [0] * num_blocks
         self.block_key: list[Optional[BlockKey]] = [None] * num_blocks
+        self.draft_ready = [False] * num_blocks   # the draft model's KV of the block is written
         self.cached: dict[BlockKey, int] = {}
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
 
@@ -54,6 +58,7 @@ class BlockPool:
                 if self.cached.get(key) == block:
                     del self.cached[key]
                 self.block_key[block] = None
+            self.draft_ready[block] = False
             self.ref_cnt[block] = 1
             out.append(block)
         return out
@@ -88,6 +93,10 @@ class BlockPool:
         self.block_key[block] = key
         self.cached[key] = block
 
+    def mark_draft_ready(self, block: int) -> None:
+        """The draft model's KV of ``block`` is now written (kept until the block is reallocated)."""
+        self.draft_ready[block] = True
+
     def check_all_free(self) -> None:
         """Raise if any block is still referenced (used by tests and leak checks)."""
         held = [b for b, c in enumerate(self.ref_cnt) if c]
@@ -114,6 +123,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self._keys: dict[str, list[BlockKey]] = {}
+        self._draft_ready: dict[str, int] = {}   # leading blocks of a request marked draft-ready
 
     @property
     def num_blocks(self) -> int:
@@ -136,7 +146,16 @@ class KVCacheManager:
         req.block_ids = hits
         req.num_hashed_blocks = len(hits)
         self._keys[req.request_id] = keys[:len(hits)]
+        ready = 0
+        while ready < len(hits) and self.pool.draft_ready[hits[ready]]:
+            ready += 1
+        self._draft_ready[req.request_id] = ready
         return len(hits) * self.block_size
+
+    def claimed_draft_tokens(self, req: Request) -> int:
+        """Of the prefix :meth:`claim_prefix` gave ``req``, the leading tokens whose draft KV is
+        written too (the draft model's computed count to start from)."""
+        return self._draft_ready.get(req.request_id, 0) * self.block_size
 
     def allocate(self, req: Request, num_slots: int) -> bool:
         """Grow the block table to hold ``num_slots`` positions; False if the pool is short."""
@@ -153,18 +172,29 @@ class KVCacheManager:
         req.block_ids = []
         req.num_hashed_blocks = 0
         self._keys.pop(req.request_id, None)
+        self._draft_ready.pop(req.request_id, None)
 
-    def commit(self, req: Request, num_valid_tokens: int) -> None:
-        """Register the full blocks of ``req.token_ids[:num_valid_tokens]`` in the prefix cache.
+    def commit(self, req: Request, num_valid_tokens: int, num_draft_valid: Optional[int] = None) -> None:
+        """Register the full blocks of ``req.token_ids[:num_valid_tokens]`` in the prefix cache,
+        and mark those within the first ``num_draft_valid`` tokens draft-ready.
 
-        ``num_valid_tokens`` must count only committed tokens whose KV every model has computed.
+        ``num_valid_tokens`` must count only committed tokens whose target KV is computed;
+        ``num_draft_valid`` (None: no draft model, every block is ready) those whose draft KV is.
         """
+        if not self.pool.enable_prefix_caching:
+            return
         full = min(num_valid_tokens, req.num_tokens) // self.block_size
         full = min(full, len(req.block_ids))
-        if full <= req.num_hashed_blocks or not self.pool.enable_prefix_caching:
-            return
-        keys = block_keys(req.token_ids, self.block_size, full, self._keys.get(req.request_id))
-        for i in range(req.num_hashed_blocks, full):
-            self.pool.register(req.block_ids[i], keys[i])
-        self._keys[req.request_id] = keys
-        req.num_hashed_blocks = full
+        if full > req.num_hashed_blocks:
+            keys = block_keys(req.token_ids, self.block_size, full, self._keys.get(req.request_id))
+            for i in range(req.num_hashed_blocks, full):
+                self.pool.register(req.block_ids[i], keys[i])
+            self._keys[req.request_id] = keys
+            req.num_hashed_blocks = full
+        ready = req.num_hashed_blocks
+        if num_draft_valid is not None:
+            ready = min(ready, num_draft_valid // self.block_size)
+        done = self._draft_ready.get(req.request_id, 0)
+        for i in range(done, ready):
+            self.pool.mark_draft_ready(req.block_ids[i])
+        self._draft_ready[req.request_id] = max(done, ready)

@@ -130,7 +130,9 @@ class Scheduler:
                 cached = self.kv.claim_prefix(req)
                 self.prefix_queries_step += req.num_tokens
                 self.prefix_hits_step += cached
-                req.num_computed_tokens = req.num_draft_computed = cached
+                req.num_computed_tokens = cached
+                req.num_draft_computed = (self.kv.claimed_draft_tokens(req)
+                                          if self.limits.num_speculative_tokens else cached)
                 if req.times.num_preemptions == 0:   # a resumed request re-finds its own blocks
                     req.num_cached_tokens = cached
             n = self._chunk(req, budget)
@@ -183,11 +185,10 @@ class Scheduler:
         self._commit(req)
 
     def _commit(self, req: Request) -> None:
-        """Register full blocks of committed tokens whose KV every model has computed."""
-        valid = req.num_computed_tokens
-        if self.limits.num_speculative_tokens:   # a draft model exists: its KV must be there too
-            valid = min(valid, req.num_draft_computed)
-        self.kv.commit(req, valid)
+        """Register full blocks of committed tokens whose target KV is computed, noting how far
+        the draft model's KV (if there is a draft model) is written too."""
+        draft = req.num_draft_computed if self.limits.num_speculative_tokens else None
+        self.kv.commit(req, req.num_computed_tokens, draft)
 
     def _preempt(self, req: Request) -> None:
         """Free the request's KV (both models) and queue it first; drafts and their probs survive."""

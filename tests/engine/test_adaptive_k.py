@@ -102,6 +102,31 @@ def test_strict_seeded_output_does_not_depend_on_k_batch_or_preemption(pair, mak
     assert [done[f"r{i}"].outputs[0].token_ids for i in range(8)] == plain
 
 
+def test_prefix_cache_hits_after_requests_held_at_k_zero(pair, make_llm, prompts):
+    """A request that never drafted still fills the prefix cache (its draft KV is not written);
+    a later request reusing those blocks catches the draft's KV up when it drafts, exactly, and
+    from then on the blocks serve the draft too."""
+    shared = prompts([48], seed=41)[0]
+    tails = [[9, 10, 11], [12, 13], [14]]
+    plain = _ids(make_llm(pair[0]).generate([shared + t for t in tails], GREEDY))
+    llm = _spec(make_llm, pair)
+    force_k(llm.core, lambda row: 0)
+    [first] = llm.generate([shared + tails[0]], GREEDY)
+    assert first.outputs[0].token_ids == plain[0] and _drafted([first]) == 0
+    force_k(llm.core, lambda row: K)
+    [second] = llm.generate([shared + tails[1]], GREEDY)
+    assert second.num_cached_prompt_tokens == 48
+    assert second.outputs[0].token_ids == plain[1] and _drafted([second]) > 0
+    fresh = _spec(make_llm, pair)
+    force_k(fresh.core, lambda row: K)
+    [alone] = fresh.generate([shared + tails[1]], GREEDY)
+    assert second.outputs[0].spec_decode == alone.outputs[0].spec_decode, \
+        "the draft caught up on the shared blocks: it proposes as it would have with its own prefill"
+    assert llm.core.kv.pool.draft_ready.count(True) >= 3, "the catch-up made the shared blocks ready"
+    [third] = llm.generate([shared + tails[2]], GREEDY)
+    assert third.num_cached_prompt_tokens == 48 and third.outputs[0].token_ids == plain[2]
+
+
 def test_adaptive_pins_seeded_sampling_to_plain_output(pair, make_llm):
     """Probabilistic verification: seeded sampled requests decode plainly (k = 0) whatever the
     rest of the batch does, so their output is the one without a draft model, in a crowd of

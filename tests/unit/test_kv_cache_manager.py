@@ -111,3 +111,38 @@ def test_prefix_caching_disabled_claims_nothing():
     assert kv.claim_prefix(b) == 0
     kv.free(a)
     kv.pool.check_all_free()
+
+
+def test_blocks_register_with_the_target_and_become_draft_ready_with_the_draft():
+    """A request held at k = 0 computes no draft KV: its blocks are still cached (for the target),
+    and a request reusing them starts its draft KV at the leading blocks the draft has written."""
+    kv = KVCacheManager(16, BS)
+    a = _req("a", list(range(13)))
+    assert kv.allocate(a, 13)
+    kv.commit(a, 13, num_draft_valid=0)                       # target only
+    assert a.num_hashed_blocks == 3 and len(kv.pool.cached) == 3
+    b = _req("b", list(range(13)))
+    assert kv.claim_prefix(b) == 12 and kv.claimed_draft_tokens(b) == 0
+    kv.free(b)
+    kv.commit(a, 13, num_draft_valid=6)                       # the draft wrote one block and a half
+    c = _req("c", list(range(13)))
+    assert kv.claim_prefix(c) == 12 and kv.claimed_draft_tokens(c) == 4
+    kv.commit(c, 13, num_draft_valid=13)                      # c's catch-up writes the shared blocks
+    d = _req("d", list(range(13)))
+    assert kv.claim_prefix(d) == 12 and kv.claimed_draft_tokens(d) == 12
+    for r in (a, c, d):
+        kv.free(r)
+    kv.pool.check_all_free()
+
+
+def test_a_reallocated_block_loses_its_draft_readiness():
+    kv = KVCacheManager(2, BS)
+    a = _req("a", list(range(8)))
+    _computed(kv, a)
+    assert all(kv.pool.draft_ready[b] for b in a.block_ids)   # no draft model: ready with the target
+    kv.free(a)
+    other = _req("o", list(range(100, 108)))
+    assert kv.allocate(other, 8)                              # evicts both cached blocks
+    assert not any(kv.pool.draft_ready)
+    kv.free(other)
+    kv.pool.check_all_free()
