@@ -108,8 +108,8 @@ class DecodeAhead:
 
     def _continuation(self, so: SchedulerOutput) -> Optional[list[ScheduledRequest]]:
         sched = self.scheduler
-        if sched.waiting and len(sched.running) < sched.limits.max_num_seqs:
-            return None   # an admission is due: the scheduler plans the next step
+        if sched.admission_due:
+            return None   # the scheduler plans the next step
         out = []
         for s in so.scheduled:   # all running: fresh from the scheduler or from ``take``
             req = s.request
@@ -134,8 +134,7 @@ class DecodeAhead:
                 return None
             room += spec.k_max
         kv = sched.kv
-        if sum(max(0, kv.blocks_for(s.num_computed_before + room) - len(s.request.block_ids))
-               for s in out) > kv.pool.num_free:
+        if not kv.fits((s.request, s.num_computed_before + room) for s in out):
             return None   # the scheduler decides who is preempted
         if spec is not None:
             spec.plan(out, unread=1)   # as the scheduler's path would, before the token is read

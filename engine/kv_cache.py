@@ -17,7 +17,7 @@ later request (or a preempted one coming back) can still hit them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Iterable, Optional
 
 from specserve.engine.request import Request
 
@@ -156,6 +156,11 @@ class KVCacheManager:
         """Of the prefix :meth:`claim_prefix` gave ``req``, the leading tokens whose draft KV is
         written too (the draft model's computed count to start from)."""
         return self._draft_ready.get(req.request_id, 0) * self.block_size
+
+    def fits(self, growth: Iterable[tuple[Request, int]]) -> bool:
+        """Whether every ``(request, num_slots)`` table can grow to its slots at once."""
+        need = sum(max(0, self.blocks_for(n) - len(req.block_ids)) for req, n in growth)
+        return need <= self.pool.num_free
 
     def allocate(self, req: Request, num_slots: int) -> bool:
         """Grow the block table to hold ``num_slots`` positions; False if the pool is short."""

@@ -123,8 +123,13 @@ class Scheduler:
             i += 1
         return budget
 
+    @property
+    def admission_due(self) -> bool:
+        """A request waits and the batch has room for it: the next step should admit it."""
+        return bool(self.waiting) and len(self.running) < self.limits.max_num_seqs
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        while budget > 0 and self.admission_due:
             req = self.waiting[0]
             if not req.block_ids:
                 cached = self.kv.claim_prefix(req)

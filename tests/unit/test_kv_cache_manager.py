@@ -146,3 +146,15 @@ def test_a_reallocated_block_loses_its_draft_readiness():
     assert not any(kv.pool.draft_ready)
     kv.free(other)
     kv.pool.check_all_free()
+
+
+def test_fits_counts_the_growth_of_every_table_together():
+    kv = KVCacheManager(4, BS)
+    a, b = _req("a", list(range(4))), _req("b", list(range(4)))
+    assert kv.allocate(a, 4) and kv.allocate(b, 4)            # two blocks left
+    assert kv.fits([(a, 8), (b, 8)])                          # one more each
+    assert kv.fits([(a, 4), (b, 12)])                         # a needs none, b two
+    assert not kv.fits([(a, 8), (b, 12)])                     # three in all
+    assert kv.pool.num_free == 2, "fits reserves nothing"
+    for r in (a, b):
+        kv.free(r)
