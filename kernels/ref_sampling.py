@@ -110,6 +110,13 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits.to(torch.float32), dim=1)
 
 
+def all_greedy(temperature: torch.Tensor) -> bool:
+    """Whether every row is greedy (T == 0), answered only where that costs no device read:
+    ``temperature`` on the CPU. Then the random streams, the filtered softmax and the race are
+    skipped; the result is the same as the general path's, whose greedy rows ignore them."""
+    return temperature.device.type == "cpu" and bool((temperature == 0).all())
+
+
 def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
     out = torch.zeros(idx.shape[0], v, device=idx.device, dtype=torch.float32)
     return out.scatter_(1, idx.unsqueeze(1), 1.0)
@@ -174,13 +181,16 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     into ``probs_out`` when given).
     """
     dev = logits.device
-    seeds, positions = seeds.to(dev), positions.to(dev)
-    d = row_distribution(logits, temperature, top_k, top_p, min_p)
     g = greedy_argmax(logits)                                                # [B]
-    tok = torch.where(d.greedy, g, race(_masked_x(d), seeds, positions, DRAFT))
-    if not store_probs:
+    if all_greedy(temperature):
+        tok, q = g, (_one_hot(g, logits.shape[1]) if store_probs else None)
+    else:
+        seeds, positions = seeds.to(dev), positions.to(dev)
+        d = row_distribution(logits, temperature, top_k, top_p, min_p)
+        tok = torch.where(d.greedy, g, race(_masked_x(d), seeds, positions, DRAFT))
+        q = torch.where(d.greedy.unsqueeze(1), _one_hot(g, logits.shape[1]), d.probs) if store_probs else None
+    if q is None:
         return tok, None
-    q = torch.where(d.greedy.unsqueeze(1), _one_hot(g, logits.shape[1]), d.probs)
     if probs_out is not None:
         q = probs_out.copy_(q)
     return tok, q
@@ -274,27 +284,35 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     cu = cu_num_draft_tokens.to(device=dev, dtype=torch.int64)
     lay = _layout(cu, target_logits.shape[0])
     b = lay.k.numel()
-    seeds, positions = seeds.to(dev), positions.to(dev)
     pad_tok = torch.zeros(1, dtype=torch.int64, device=dev)
     drafts = torch.cat([draft_token_ids.to(device=dev, dtype=torch.int64), pad_tok])  # [sum k + 1]
     x = drafts[lay.draft_idx]                                                   # [T]
-    seeds_r, pos_r = seeds[lay.req], positions[lay.req] + lay.j
-    d = row_distribution(target_logits, temperature.to(dev)[lay.req], top_k.to(dev)[lay.req],
-                         top_p.to(dev)[lay.req], min_p.to(dev)[lay.req])
-    q = None
-    if draft_probs is not None and method == "probabilistic":
-        q = torch.cat([draft_probs.to(torch.float32),
-                       torch.zeros(1, target_logits.shape[1], device=dev)])     # [sum k + 1, V]
-    sample_tok = race(_masked_x(d), seeds_r, pos_r, SAMPLE) if method == "strict" else None
-    ok = _accept_rows(method, d, target_logits, lay, x, None if q is None else q[lay.draft_idx],
-                      seeds_r, pos_r, sample_tok)
+    greedy_only = all_greedy(temperature)
+    if greedy_only:  # every method reduces to: accept while x_j == argmax(p_j), emit the argmax
+        argmax = greedy_argmax(target_logits)                                  # [T]
+        ok = (x == argmax) & (lay.j < lay.k[lay.req])
+    else:
+        seeds, positions = seeds.to(dev), positions.to(dev)
+        seeds_r, pos_r = seeds[lay.req], positions[lay.req] + lay.j
+        d = row_distribution(target_logits, temperature.to(dev)[lay.req], top_k.to(dev)[lay.req],
+                             top_p.to(dev)[lay.req], min_p.to(dev)[lay.req])
+        q = None
+        if draft_probs is not None and method == "probabilistic":
+            q = torch.cat([draft_probs.to(torch.float32),
+                           torch.zeros(1, target_logits.shape[1], device=dev)])  # [sum k + 1, V]
+        sample_tok = race(_masked_x(d), seeds_r, pos_r, SAMPLE) if method == "strict" else None
+        ok = _accept_rows(method, d, target_logits, lay, x, None if q is None else q[lay.draft_idx],
+                          seeds_r, pos_r, sample_tok)
 
     acc = torch.zeros(b, width + 1, dtype=torch.int64, device=dev)            # [B, max_k + 2]
     acc[lay.req, lay.j] = ok.to(torch.int64)
     n_acc = torch.cumprod(acc, dim=1).sum(dim=1)                                # [B]
     sel = lay.row_start + n_acc                                                 # final row
-    tok = _final_tokens(method, d, target_logits, lay, sel, n_acc, x, q, seeds, positions,
-                        sample_tok)
+    if greedy_only:
+        tok = argmax[sel]
+    else:
+        tok = _final_tokens(method, d, target_logits, lay, sel, n_acc, x, q, seeds, positions,
+                            sample_tok)
     cols = torch.arange(width, device=dev).unsqueeze(0)                          # [1, W]
     didx = (cu[:-1].unsqueeze(1) + cols).clamp(max=drafts.numel() - 1)
     out = torch.where(cols < n_acc.unsqueeze(1), drafts[didx],

@@ -181,6 +181,37 @@ def test_ragged_batch_equals_requests_one_at_a_time(method: str, one_hot: bool) 
         assert torch.equal(out[b, :n_tok - 1], case.drafts[c0:c0 + n_tok - 1])
 
 
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_all_greedy_shortcut_equals_the_general_path(method: str, one_hot: bool) -> None:
+    """An all-greedy batch skips the random streams and the filtered softmax (all_greedy); the
+    same greedy requests beside one sampled request take the general path: equal outputs."""
+    ks = [3, 0, 4, 2, 1]
+    case = make_verify_case(ks + [2], [GREEDY] * len(ks) + [PARAM_SETS["t1"]], vocab=64, seed=8,
+                            noise=0.4, one_hot=one_hot)
+    # request 1 verifies nothing; its one row's argmax is the next draft in the flat list,
+    # which a shortcut that forgot the bonus rows would accept
+    case.target_logits[4, case.drafts[3]] = 100.0
+    general = _out(case, method)
+    n_rows, n_drafts = sum(ks) + len(ks), sum(ks)
+    greedy_only = R.rejection_sample(
+        case.target_logits[:n_rows], case.cu[:len(ks) + 1], case.drafts[:n_drafts],
+        None if case.q is None else case.q[:n_drafts],
+        *(t[:len(ks)] for t in (case.temperature, case.top_k, case.top_p, case.min_p,
+                                case.seeds, case.positions)), method, max_num_draft_tokens=4)
+    assert R.all_greedy(case.temperature[:len(ks)]) and not R.all_greedy(case.temperature)
+    assert torch.equal(greedy_only, general[:len(ks)])
+    assert 0 < int((greedy_only[:, :-1] >= 0).sum()) - len(ks) < sum(ks)  # some drafts accepted, not all
+
+    z = case.target_logits.float()
+    mixed = param_tensors([GREEDY] * len(ks) + [PARAM_SETS["t1"]])
+    args = (torch.arange(len(ks) + 1) + 3, torch.arange(len(ks) + 1))
+    tok, q = R.sample_draft(z[:len(ks) + 1], *mixed, *args, store_probs=True)
+    tok_g, q_g = R.sample_draft(z[:len(ks)], *(t[:len(ks)] for t in mixed),
+                                *(a[:len(ks)] for a in args), store_probs=True)
+    assert torch.equal(tok_g, tok[:len(ks)]) and torch.equal(q_g, q[:len(ks)])
+
+
 def test_noisy_drafts_are_partly_accepted() -> None:
     """Sanity of the case builder: close drafts get accepted, so the tests above bite."""
     case = make_verify_case([4] * 16, [PARAM_SETS["t1"]] * 16, vocab=64, seed=7, noise=0.3)
