@@ -54,9 +54,10 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
-        self.spec_control = _spec_control(config, info, self.runner)
+        ahead = config.async_scheduling and DecodeAhead.supported(self.runner)
+        self.spec_control = _spec_control(config, info, self.runner, ahead)
         self.decode_ahead: Optional[DecodeAhead] = None
-        if config.async_scheduling and DecodeAhead.supported(self.runner):
+        if ahead:
             self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len,
                                             self.spec_control)
 
@@ -288,8 +289,10 @@ class EngineCore:
         }
 
 
-def _spec_control(config: EngineConfig, info: EngineInfo, runner) -> Optional[SpecControl]:
-    """The k controller (None without a draft); adaptive mode calibrates the device first."""
+def _spec_control(config: EngineConfig, info: EngineInfo, runner,
+                  zero_runs_ahead: bool) -> Optional[SpecControl]:
+    """The k controller (None without a draft); adaptive mode calibrates the device first.
+    ``zero_runs_ahead``: steps at k = 0 run ahead of the host (decode-ahead)."""
     spec = config.speculative
     if info.num_speculative_tokens <= 0:
         return None
@@ -300,7 +303,7 @@ def _spec_control(config: EngineConfig, info: EngineInfo, runner) -> Optional[Sp
         calibration = calibrate(runner, config.max_num_seqs)
     k_dependent = spec.rejection_sample_method == "probabilistic" or spec.draft_sample_method == "greedy"
     return SpecControl(info.num_speculative_tokens, spec.speculative_k, info.max_model_len,
-                       k_dependent, calibration)
+                       k_dependent, calibration, zero_runs_ahead)
 
 
 def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:

@@ -192,10 +192,21 @@ class CostModel:
 
     MIN_SAMPLES = 4          # measured steps before a cell's EMA replaces the prediction
 
-    def __init__(self, calibration: Calibration, rate: float = 0.1):
+    def __init__(self, calibration: Calibration, rate: float = 0.1, zero_runs_ahead: bool = False):
         self.cal = calibration
         self.rate = rate
-        self.overhead: dict[int, _Ema] = {}            # batch bucket -> host seconds per step
+        # k = 0 steps are queued behind the previous step (decode-ahead): their host work
+        # overlaps the device instead of adding to it. Until k = 0 is measured at a batch
+        # bucket, it is predicted as max(device, host), not device + host. The host residual
+        # is learnt mostly from drafting steps, which wait for the host; adding it to k = 0 is a
+        # trap: on an H100 (1.7B-like target, truncated draft, T = 0, batch 16) steps at k = 3
+        # exposed ~2.6 ms of host work, k = 0 was then predicted at twice its real 2.3 ms, and
+        # the controller stayed at k = 3, 0.7x plain decoding.
+        self.zero_runs_ahead = zero_runs_ahead
+        # batch bucket -> host seconds per step, learnt apart for plain steps (k = 0) and
+        # drafting ones (more host work: drafts, probabilities, the acceptance bookkeeping)
+        self.overhead: dict[int, _Ema] = {}
+        self.drafting_overhead: dict[int, _Ema] = {}
         self.cells: dict[tuple[int, int], _Ema] = {}   # (batch bucket, k) -> step seconds
 
     @staticmethod
@@ -219,13 +230,19 @@ class CostModel:
 
     def _expected(self, batch: int, k_verify: int, k_draft: int) -> float:
         """The measured cell of a steady step once it has MIN_SAMPLES, else the calibration plus
-        the host residual learnt at this batch bucket."""
+        the host residual learnt at this batch bucket (at k = 0 running ahead: the larger of
+        the two, since they overlap)."""
         b = self.bucket(batch)
         cell = self.cells.get((b, k_draft)) if k_verify == k_draft else None
         if cell is not None and cell.count >= self.MIN_SAMPLES:
             return cell.value
-        over = self.overhead.get(b)
-        return self.device_seconds(batch, k_verify, k_draft) + (over.value if over else 0.0)
+        device = self.device_seconds(batch, k_verify, k_draft)
+        over = self.drafting_overhead.get(b) if k_verify or k_draft else None
+        over = over or self.overhead.get(b)      # a drafting step's host work is at least this
+        host = over.value if over else 0.0
+        if k_verify == k_draft == 0 and self.zero_runs_ahead:
+            return max(device, host)
+        return device + host
 
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
 
@@ -252,13 +269,16 @@ class CostModel:
             residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
         else:
             residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
-        self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
+        learnt = self.drafting_overhead if k_verify or k_draft else self.overhead
+        learnt.setdefault(b, _Ema()).add(residual, self.rate)
         if k_verify == k_draft:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
 
     def snapshot(self) -> dict:
         return {"calibration": self.cal.as_dict(),
                 "overhead_seconds": {b: round(e.value, 7) for b, e in sorted(self.overhead.items())},
+                "drafting_overhead_seconds": {b: round(e.value, 7)
+                                              for b, e in sorted(self.drafting_overhead.items())},
                 "measured_step_seconds": {f"{b},{k}": round(e.value, 7)
                                           for (b, k), e in sorted(self.cells.items())}}
 
@@ -466,8 +486,8 @@ class SpecControl:
     SNAPSHOT_EVERY = 32      # steps between refreshes of the snapshot other threads read
 
     def __init__(self, k_max: int, mode: str, max_model_len: int, pin_seeded: bool,
-                 calibration: Optional[Calibration]):
-        cost = CostModel(calibration) if calibration is not None else None
+                 calibration: Optional[Calibration], zero_runs_ahead: bool = False):
+        cost = CostModel(calibration, zero_runs_ahead=zero_runs_ahead) if calibration is not None else None
         self.controller = KController(k_max, mode, cost)
         self.max_model_len = max_model_len
         self.pin_seeded = pin_seeded and mode == "adaptive"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specserve.engine.batch import ScheduledRequest
@@ -297,3 +299,59 @@ def test_a_hold_ends_on_a_new_batch_size_and_within_zero_recheck_steps():
         ctl.acceptance.record("x", 0, K, K)
     ks = [_engine_step(ctl, 1) for _ in range(ctl.ZERO_RECHECK)]
     assert ks[-1] > 0
+
+
+# ---- the k = 0 prediction when drafting steps wait for the host and plain steps run ahead ----
+# Device costs calibrated on an H100 (1.7B-like target, truncated draft; bench cost-fix run):
+# target + sampler at widths 1..9 for batches 1 / 16 / 64, one draft pass per batch.
+_H100_CAL = Calibration(
+    [1, 16, 64], list(range(1, 10)),
+    [[2.234e-3, 2.302e-3, 2.453e-3, 2.472e-3, 2.436e-3, 2.433e-3, 2.444e-3, 2.459e-3, 2.551e-3],
+     [2.678e-3, 2.758e-3, 2.802e-3, 2.773e-3, 2.920e-3, 2.880e-3, 2.981e-3, 3.004e-3, 3.049e-3],
+     [3.531e-3, 3.739e-3, 3.974e-3, 4.180e-3, 4.534e-3, 4.729e-3, 5.290e-3, 5.393e-3, 6.486e-3]],
+    [0.564e-3, 0.717e-3, 1.015e-3], padded=True)
+
+
+def _run_steps(ctl: KController, batch: int, steps: int, exposed_host: float,
+               plain_wall: float) -> list[int]:
+    """Steps of a batch whose k = 0 steps run ahead (``plain_wall`` each, 0.5 ms of host work
+    hidden) and whose drafting steps pay ``exposed_host`` on top of their device time."""
+    ks, k_prev = [], ctl.current
+    for _ in range(steps):
+        k = _engine_step(ctl, batch)
+        if k_prev == k == 0:
+            ctl.observe_step(batch, 0, 0, batch, plain_wall, hidden_host=0.5e-3)
+        else:
+            seconds = ctl.cost.device_seconds(batch, k_prev, k) + exposed_host
+            ctl.observe_step(batch, k_prev, k, batch * 2, seconds)
+        ks.append(k)
+        k_prev = k
+    return ks
+
+
+def _good_greedy_controller() -> KController:
+    ctl = KController(K, "adaptive", CostModel(_H100_CAL, zero_runs_ahead=True))
+    # accepted drafts of 100 verifications at k = 4: conditional rates 0.66 0.78 0.71 0.60, as
+    # measured for that pair at T = 0
+    counts = [m for m, times in enumerate([34, 14, 15, 15, 22]) for _ in range(times)]
+    random.Random(0).shuffle(counts)
+    for accepted in counts * 3:
+        ctl.acceptance.record("x", 0, K, accepted)
+    return ctl
+
+
+def test_plain_steps_run_ahead_are_not_predicted_with_the_drafting_steps_host_time():
+    """H100, T = 0, batch 16: plain steps ran ahead at 2.26 ms while steps at k = 3 exposed
+    ~2.6 ms of host work (fixed k reached 0.7x plain). The controller leaves 0 on its device
+    prediction, measures k > 0 there, and must come back: k = 0 is predicted from the k = 0
+    residual (here from batch 1, the nearest bucket), not from the drafting steps' host time."""
+    ctl = _good_greedy_controller()
+    _run_steps(ctl, 1, 40, exposed_host=0.5e-3, plain_wall=1.9e-3)
+    ks = _run_steps(ctl, 16, 120, exposed_host=2.6e-3, plain_wall=2.26e-3)
+    assert any(ks), "the device prediction alone makes speculation look worth trying"
+    assert ks[-40:].count(0) >= 36, ks
+    # where drafting steps expose little host work, speculation keeps paying and stays on
+    ctl = _good_greedy_controller()
+    _run_steps(ctl, 1, 40, exposed_host=0.5e-3, plain_wall=1.9e-3)
+    ks = _run_steps(ctl, 16, 120, exposed_host=0.2e-3, plain_wall=2.26e-3)
+    assert ks[-40:].count(0) <= 4, ks
