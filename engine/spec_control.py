@@ -238,7 +238,8 @@ class CostModel:
             return cell.value
         device = self.device_seconds(batch, k_verify, k_draft)
         over = self.drafting_overhead.get(b) if k_verify or k_draft else None
-        over = over or self.overhead.get(b)      # a drafting step's host work is at least this
+        if over is None:          # no drafting step yet: its host work is at least a plain one's
+            over = self.overhead.get(b)
         host = over.value if over else 0.0
         if k_verify == k_draft == 0 and self.zero_runs_ahead:
             return max(device, host)
@@ -257,6 +258,11 @@ class CostModel:
         (``hidden_host``: its wall time minus the time it blocked on the tokens). Its measured
         cell keeps its real time: k = 0 is that cheap while it runs ahead.
 
+        The step that leaves k = 0 teaches no residual: it also runs the draft's catch-up on
+        the tokens skipped at 0, which the controller prices apart (``catchup_seconds``).
+        Learnt as host work, one such step made every drafting cell not yet measured look slow,
+        and a controller that fell back to 0 at once never measured them.
+
         A stall (a kernel compiled on first use, the draft's catch-up after steps at k = 0, a
         host hiccup) is not the cost of that k: taught as is, one such step (seconds, against
         milliseconds) makes its k look slow for dozens of steps, and the controller leaves a
@@ -269,8 +275,12 @@ class CostModel:
             residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
         else:
             residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
-        learnt = self.drafting_overhead if k_verify or k_draft else self.overhead
-        learnt.setdefault(b, _Ema()).add(residual, self.rate)
+        if k_verify == 0 < k_draft:
+            pass   # leaving k = 0: the draft's catch-up (priced apart) is no host work of a k
+        elif k_verify or k_draft:
+            self.drafting_overhead.setdefault(b, _Ema()).add(residual, self.rate)
+        else:
+            self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
         if k_verify == k_draft:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
 

@@ -313,9 +313,10 @@ _H100_CAL = Calibration(
 
 
 def _run_steps(ctl: KController, batch: int, steps: int, exposed_host: float,
-               plain_wall: float) -> list[int]:
+               plain_wall: float, catchup: float = 0.0) -> list[int]:
     """Steps of a batch whose k = 0 steps run ahead (``plain_wall`` each, 0.5 ms of host work
-    hidden) and whose drafting steps pay ``exposed_host`` on top of their device time."""
+    hidden) and whose drafting steps pay ``exposed_host`` on top of their device time; the step
+    that leaves k = 0 also pays the draft's ``catchup`` on the tokens it skipped."""
     ks, k_prev = [], ctl.current
     for _ in range(steps):
         k = _engine_step(ctl, batch)
@@ -323,6 +324,7 @@ def _run_steps(ctl: KController, batch: int, steps: int, exposed_host: float,
             ctl.observe_step(batch, 0, 0, batch, plain_wall, hidden_host=0.5e-3)
         else:
             seconds = ctl.cost.device_seconds(batch, k_prev, k) + exposed_host
+            seconds += catchup if k_prev == 0 else 0.0
             ctl.observe_step(batch, k_prev, k, batch * 2, seconds)
         ks.append(k)
         k_prev = k
@@ -343,8 +345,9 @@ def _good_greedy_controller() -> KController:
 def test_plain_steps_run_ahead_are_not_predicted_with_the_drafting_steps_host_time():
     """H100, T = 0, batch 16: plain steps ran ahead at 2.26 ms while steps at k = 3 exposed
     ~2.6 ms of host work (fixed k reached 0.7x plain). The controller leaves 0 on its device
-    prediction, measures k > 0 there, and must come back: k = 0 is predicted from the k = 0
-    residual (here from batch 1, the nearest bucket), not from the drafting steps' host time."""
+    prediction, measures k > 0 there, and must come back: a k = 0 step that runs ahead overlaps
+    its host work with the device, so k = 0 is predicted as max(device, host), and the drafting
+    steps' host time is learnt as theirs alone."""
     ctl = _good_greedy_controller()
     _run_steps(ctl, 1, 40, exposed_host=0.5e-3, plain_wall=1.9e-3)
     ks = _run_steps(ctl, 16, 120, exposed_host=2.6e-3, plain_wall=2.26e-3)
@@ -354,4 +357,17 @@ def test_plain_steps_run_ahead_are_not_predicted_with_the_drafting_steps_host_ti
     ctl = _good_greedy_controller()
     _run_steps(ctl, 1, 40, exposed_host=0.5e-3, plain_wall=1.9e-3)
     ks = _run_steps(ctl, 16, 120, exposed_host=0.2e-3, plain_wall=2.26e-3)
+    assert ks[-40:].count(0) <= 4, ks
+
+
+def test_the_step_that_leaves_zero_does_not_teach_its_catch_up_as_host_work():
+    """The first step at k > 0 after a stretch at 0 also runs the draft's catch-up on every
+    skipped token (priced apart, CostModel.catchup_seconds). Learnt as the drafting steps' host
+    residual, one such step (5 ms here) makes every unmeasured k > 0 cell look slow, and a
+    controller that falls back to k = 0 right away never measures them: it would stay at 0
+    where k = 3 pays ~1.1x."""
+    ctl = _good_greedy_controller()
+    ks = _run_steps(ctl, 1, 40, exposed_host=3e-3, plain_wall=1.9e-3)   # batch 1: plain pays
+    assert ks[-10:] == [0] * 10, ks
+    ks = _run_steps(ctl, 16, 120, exposed_host=0.2e-3, plain_wall=2.26e-3, catchup=5e-3)
     assert ks[-40:].count(0) <= 4, ks
