@@ -9,7 +9,8 @@ under a key chained from its predecessor's, ``(hash(previous key), tokens)``. A 
 the longest registered chain of its tokens. The draft model's KV in a block may come later (a
 request held at k = 0 does not run the draft), so each block also says whether the draft's half
 is written: a request that reuses a block without it starts its draft KV behind the target's and
-catches up when it next drafts. Blocks whose reference count drops to
+catches up in the first step that either runs a prefill chunk not ending its prompt (the
+draft's KV-only forward that keeps a prefilling request level) or drafts. Blocks whose reference count drops to
 zero go to the tail of an LRU free queue but keep their key until the block is reallocated, so a
 later request (or a preempted one coming back) can still hit them.
 """
