@@ -10,6 +10,7 @@ chosen module up. The torch references are the CPU path and the test oracle for 
 from __future__ import annotations
 
 from specserve.kernels.backend import selected
+from specserve.kernels.philox import DRAFT, draft_stream  # noqa: F401  (draft_stream: public)
 
 
 def linear(x, weight, bias=None):
@@ -66,10 +67,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens
 
 
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,
-                 probs_out=None):
-    """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor."""
+                 probs_out=None, stream=DRAFT):
+    """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor.
+    ``stream``: the Philox stream of the draft's race, ``draft_stream(method)``."""
     return selected().sampling.sample_draft(logits, temperature, top_k, top_p, min_p, seeds,
-                                            positions, store_probs, probs_out=probs_out)
+                                            positions, store_probs, probs_out=probs_out,
+                                            stream=stream)
 
 
 def rejection_sample(target_logits, cu_num_draft_tokens, draft_token_ids, draft_probs,

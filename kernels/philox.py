@@ -36,6 +36,15 @@ DRAFT = 1    # the draft model's proposals
 ACCEPT = 2   # the accept/reject draw of probabilistic verification (index 0)
 RECOVER = 3  # the replacement token after a rejection
 
+
+def draft_stream(method: str) -> int:
+    """The stream a draft is raced with under verification ``method``. Strict verification emits
+    the target's own sample (stream SAMPLE) at each position, whatever was drafted; a draft raced
+    with the same random numbers is coupled to that sample and matches it far more often than an
+    independent one (stream DRAFT), at no cost to exactness. Probabilistic verification needs
+    the draft independent of its accept draw and residual race: DRAFT."""
+    return SAMPLE if method == "strict" else DRAFT
+
 MASK32 = 0xFFFFFFFF
 KEY_MUL_LO = 0x9E3779B1
 KEY_MUL_HI = 0x85EBCA77

@@ -172,13 +172,17 @@ def _masked_x(d: RowDist) -> torch.Tensor:
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor, store_probs: bool,
-                 probs_out: Optional[torch.Tensor] = None
+                 probs_out: Optional[torch.Tensor] = None, stream: int = DRAFT
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Sample one draft token per row from ``q = probs(z)`` with stream DRAFT.
+    """Sample one draft token per row from ``q = probs(z)`` with ``stream`` (DRAFT).
 
     logits: [B, V]; temperature/top_p/min_p: [B] f32; top_k: [B] i32; seeds/positions: [B] i64.
     Returns token ids [B] int64 and, if ``store_probs``, q [B, V] fp32 exactly as used (written
     into ``probs_out`` when given).
+
+    ``stream=SAMPLE`` races the draft with the very random numbers the target's own sample at
+    that position uses (strict verification): the two samples are coupled, and they agree with
+    probability ``sum_i 1 / sum_j max(p_j / p_i, q_j / q_i)`` instead of ``sum_i p_i q_i``.
     """
     dev = logits.device
     g = greedy_argmax(logits)                                                # [B]
@@ -187,7 +191,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     else:
         seeds, positions = seeds.to(dev), positions.to(dev)
         d = row_distribution(logits, temperature, top_k, top_p, min_p)
-        tok = torch.where(d.greedy, g, race(_masked_x(d), seeds, positions, DRAFT))
+        tok = torch.where(d.greedy, g, race(_masked_x(d), seeds, positions, stream))
         q = torch.where(d.greedy.unsqueeze(1), _one_hot(g, logits.shape[1]), d.probs) if store_probs else None
     if q is None:
         return tok, None

@@ -32,7 +32,7 @@ import torch
 import triton
 
 from specserve.kernels import sampling_triton_kernels as K
-from specserve.kernels.philox import DRAFT, SAMPLE
+from specserve.kernels.philox import DRAFT, SAMPLE, draft_stream
 from specserve.kernels.ref_sampling import _max_drafts
 
 NT = 16       # candidate thresholds per bisection pass
@@ -209,7 +209,8 @@ def _chunks_pad(vocab: int, block: int) -> int:
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor,
                  positions: torch.Tensor, store_probs: bool, *,
-                 probs_out: Optional[torch.Tensor] = None, block: Optional[int] = None,
+                 probs_out: Optional[torch.Tensor] = None, stream: int = DRAFT,
+                 block: Optional[int] = None,
                  chunk: Optional[int] = None,
                  tuning: Optional[Tuning] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Draft tokens [B] int64 (and q [B, V] fp32 if ``store_probs``, in ``probs_out`` when
@@ -227,7 +228,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     tuning = tuning or DRAFT_TUNING
     pl = plan(vocab, b, dev, block, chunk, tuning)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
-    part = _row_pass(logits, pl, tokens, b, params, DRAFT, has_cu=False, race=True,
+    part = _row_pass(logits, pl, tokens, b, params, stream, has_cu=False, race=True,
                      split=tuning.split)
     grid = (b, pl.num_chunks if store_probs else 1)
     K.draft_finish_kernel[grid](
@@ -338,7 +339,7 @@ def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs:
     draft_rows, shapes = warm_up_shapes(vocab, max_reqs, max_drafts, device)
     for b in draft_rows:
         logits = torch.randn(b, vocab, generator=gen, device=device).to(dtype)
-        sample_draft(logits, *params(b), store_probs)
+        sample_draft(logits, *params(b), store_probs, stream=draft_stream(method))
         calls += 1
     for reqs, k in shapes:
         rows = reqs * (k + 1)

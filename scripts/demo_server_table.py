@@ -14,8 +14,9 @@ exactly (the script fails otherwise). Reported per temperature:
 Server modes:
 
 - ``probabilistic``: accept with min(1, p/q), drafts sampled, draft probabilities stored (default);
-- ``strict``: accept only when the draft equals the target's own sample (no draft probabilities,
-  acceptance ~ sum p*q: the "draft prob taken as 1" rate);
+- ``strict``: accept only when the draft equals the target's own sample (no draft probabilities;
+  the draft is raced with the target's random numbers, so acceptance is the coupling's
+  sum_i 1 / sum_j max(p_j / p_i, q_j / q_i), between sum p*q and sum min(p, q));
 - ``greedy_draft``: ``--draft-sample-method greedy``, argmax drafts, no stored probabilities
   (probabilistic verification of a point mass: accept with p(argmax q)).
 

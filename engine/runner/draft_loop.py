@@ -72,10 +72,11 @@ class DraftLoop:
 
     def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], k_max: int, vocab: int,
                  max_batch: int, max_blocks: int, max_model_len: int, block_size: int,
-                 store_probs: bool, greedy: bool, device: torch.device):
+                 store_probs: bool, greedy: bool, stream: int, device: torch.device):
         self.model, self.kv, self.k_max, self.vocab = model, kv, k_max, vocab
         self.block_size, self.max_model_len = block_size, max_model_len
         self.store_probs, self.greedy, self.device = store_probs, greedy, device
+        self.stream = stream   # the Philox stream of the drafts' races (SpecSettings.draft_stream)
         self.buckets = buckets_up_to(max_batch)
         bmax = self.buckets[-1]
         self.ints = torch.zeros((8, bmax), dtype=torch.int64, device=device)
@@ -147,7 +148,8 @@ class DraftLoop:
         out = self.probs[j, :b] if self.probs is not None else None
         tokens, _ = ops.sample_draft(fit_vocab(logits, self.vocab), f[_TEMPERATURE, :b],
                                      i[_TOP_K, :b], f[_TOP_P, :b], f[_MIN_P, :b], i[_SEED, :b],
-                                     i[_POSITION, :b] + j, self.store_probs, probs_out=out)
+                                     i[_POSITION, :b] + j, self.store_probs, probs_out=out,
+                                     stream=self.stream)
         self.tokens[:b, j].copy_(tokens)
 
     def _pieces(self, b: int) -> tuple[list, list]:

@@ -125,7 +125,8 @@ class Drafter:
             if j > 0:
                 logits = self.forward([ForwardItem([p.drafts[-1]], len(p.committed) + j - 1,
                                                    p.request.block_ids, 1) for p in active])
-            tokens, probs = _sample_pass(active, logits, st.shifted(j), store_probs)
+            tokens, probs = _sample_pass(active, logits, st.shifted(j), store_probs,
+                                         self.settings.draft_stream)
             for a, (i, tok) in enumerate(zip(rows, tokens.tolist())):
                 proposals[i].drafts.append(tok)
                 if store_probs:
@@ -216,11 +217,11 @@ def _keep_level(s: ScheduledRequest, res: RequestResult, kv_only: list[ForwardIt
 
 
 def _sample_pass(active: list[_Proposal], logits: torch.Tensor, st: SamplingTensors,
-                 store_probs: bool):
+                 store_probs: bool, stream: int):
     """The next draft of each active proposal from ``logits [len(active), V]`` with its sampling
     parameters ``st`` (positions already those of this pass): (tokens [A], probs [A, V])."""
     if any(needs_processing(p.request) for p in active):
         apply_processors(logits, [RowContext(p.request, p.committed[p.request.prompt_len:] + p.drafts)
                                   for p in active])
     return ops.sample_draft(logits, st.temperature, st.top_k, st.top_p, st.min_p, st.seeds,
-                            st.positions, store_probs)
+                            st.positions, store_probs, stream=stream)

@@ -69,7 +69,7 @@ class ModelRunner:
         if draft is not None:
             loop = DraftLoop(draft, self.draft_kv, k_max, self.vocab_size, max_num_seqs, max_blocks,
                              spec.max_model_len, layout.block_size, spec.store_probs, spec.greedy_drafts,
-                             layout.device)
+                             spec.draft_stream, layout.device)
             drafter = Drafter(self._draft_forward, loop, spec, layout.device)
         self.speculator = Speculator(spec, drafter, layout.device)
         if layout.device.type == "cuda" and not enforce_eager:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specserve.kernels.ops import draft_stream
+
 
 @dataclass(frozen=True)
 class SpecSettings:
@@ -26,6 +28,13 @@ class SpecSettings:
     @property
     def greedy_drafts(self) -> bool:
         return self.draft_sample_method == "greedy"
+
+    @property
+    def draft_stream(self) -> int:
+        """The Philox stream drafts are raced with (kernels.philox.draft_stream): under strict
+        verification the target's own stream, so each draft is coupled to the sample it must
+        match."""
+        return draft_stream(self.rejection_method)
 
     def budget(self, request, k_next: int, num_new: int) -> int:
         """Drafts ``request`` proposes after committing ``num_new`` tokens, given the k the

@@ -82,6 +82,24 @@ def test_sample_draft_is_a_race_on_the_draft_stream() -> None:
     assert torch.equal(tok, torch.argmax(z - torch.log(-torch.log(u)), dim=1))
 
 
+def test_a_draft_on_the_sample_stream_is_the_targets_own_sample_when_q_equals_p() -> None:
+    """Strict verification races drafts with stream SAMPLE (philox.draft_stream): a draft from
+    the target's own distribution is then exactly the target's sample at that position, which
+    k = 0 (plain sampling) draws; on the DRAFT stream it agrees only by chance."""
+    gen = torch.Generator().manual_seed(4)
+    n, v = 64, 50
+    z = torch.randn(n, v, generator=gen) * 1.5
+    params = param_tensors([PARAM_SETS["t1"]] * (n // 2) + [PARAM_SETS["t0.6_topk4"]] * (n // 2))
+    seeds, pos = torch.arange(n) * 31 + 7, torch.arange(n) * 5
+    assert P.draft_stream("strict") == P.SAMPLE and P.draft_stream("probabilistic") == P.DRAFT
+    coupled, _ = R.sample_draft(z, *params, seeds, pos, False, stream=P.SAMPLE)
+    independent, _ = R.sample_draft(z, *params, seeds, pos, False)
+    plain = R.rejection_sample(z, torch.zeros(n + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.long),
+                               None, *params, seeds, pos, "strict")[:, 0]
+    assert torch.equal(coupled, plain)
+    assert int((independent == plain).sum()) < n - 10
+
+
 # ---------------------------------------------------------------- rejection_sample
 
 def _out(case, method: str) -> torch.Tensor:

@@ -102,17 +102,18 @@ else:
             assert torch.equal(out[:, stream], want), stream
             assert torch.equal(P.uniform_prefix(seeds, pos, stream, v), want)
 
-    @pytest.mark.parametrize("dtype,chunk,store", [
-        (torch.float32, CHUNK, True), (torch.float32, None, False),
-        (torch.float16, CHUNK, False), (torch.float16, None, True)])
-    def test_sample_draft_matches_reference(dtype, chunk, store) -> None:
+    @pytest.mark.parametrize("dtype,chunk,store,stream", [
+        (torch.float32, CHUNK, True, P.DRAFT), (torch.float32, None, False, P.SAMPLE),
+        (torch.float16, CHUNK, False, P.DRAFT), (torch.float16, None, True, P.SAMPLE)])
+    def test_sample_draft_matches_reference(dtype, chunk, store, stream) -> None:
         gen = torch.Generator().manual_seed(11)
         z = (torch.randn(len(MIX), 300, generator=gen) * 2).to(dtype)
         z[:, 290:] = float("-inf")                                      # padded vocabulary
         args = (*param_tensors(MIX), torch.arange(len(MIX)) * 97 - 5, torch.arange(len(MIX)) + 3)
-        tok, q = TS.sample_draft(z, *args, store, block=BLOCK, chunk=chunk)
-        want_tok, want_q = R.sample_draft(z, *args, store)
-        assert torch.equal(tok, want_tok)
+        tok, q = TS.sample_draft(z, *args, store, block=BLOCK, chunk=chunk, stream=stream)
+        want_tok, want_q = R.sample_draft(z, *args, store, stream=stream)
+        other, _ = R.sample_draft(z, *args, store, stream=P.DRAFT + P.SAMPLE - stream)
+        assert torch.equal(tok, want_tok) and not torch.equal(tok, other)
         if store:
             assert torch.equal(q > 0, want_q > 0)
             torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-5)
