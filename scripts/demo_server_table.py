@@ -62,7 +62,7 @@ SEED_BASE = 1000
 MODES: dict[str, tuple[list[str], str]] = {
     "probabilistic": (["--rejection-sample-method", "probabilistic", "--draft-sample-method", "sample"],
                       "(a) probabilistic, sampled drafts + stored draft probs"),
-    "strict": (["--rejection-sample-method", "strict"], "(b) strict, no draft probs"),
+    "strict": (["--rejection-sample-method", "strict"], "(b) strict, coupled drafts, no draft probs"),
     "greedy_draft": (["--draft-sample-method", "greedy"], "(c) greedy drafts, no stored probs"),
 }
 _METRIC = "specserve:spec_decode_num_"
@@ -83,7 +83,10 @@ def start_server(port: int, extra: list[str], threads: int, timeout: float = 180
     server of someone else on the same port is never measured by mistake).
     """
     cmd = [sys.executable, "-m", "specserve.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--no-access-log", "--log-level", "warning", *extra]
+           "--device", "cpu", "--no-access-log", "--log-level", "warning",
+           # acceptance at k = 4 on every step: adaptive k (the default) would hold these seeded
+           # sampled requests at k = 0 and choose k by cost, which is not what is measured here
+           "--speculative-k", "fixed", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=env, start_new_session=True)
@@ -258,12 +261,35 @@ def _load_pair() -> tuple[Any, Any]:
     return models[0], models[1]
 
 
+def coupled_match(p, q):
+    """Per row of p, q [N, V]: P(x == t) for x ~ q, t ~ p raced with the same random numbers
+    (strict verification's coupled drafts): sum_i 1 / S_i, S_i = sum_j max(p_j / p_i, q_j / q_i).
+    With the tokens sorted by p_j / q_j, S_i = (p-mass at ratios >= p_i / q_i) / p_i +
+    (q-mass below it) / q_i: prefix sums and one binary search per token, in float64."""
+    import torch
+
+    p, q = p.double(), q.double()
+    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), float("inf"))              # [N, V]
+    ratio, order = ratio.sort(-1)
+    cum_p = torch.cumsum(p.gather(-1, order), -1)
+    cum_q = torch.cumsum(q.gather(-1, order), -1)
+    zero = torch.zeros_like(cum_p[:, :1])
+    cum_p, cum_q = torch.cat([zero, cum_p], -1), torch.cat([zero, cum_q], -1)       # [N, V + 1]
+    ok = (p > 0) & (q > 0)
+    below = torch.searchsorted(ratio, torch.where(ok, p / q.clamp_min(1e-300), 0.0))  # ratios < c_i
+    s = ((cum_p[:, -1:] - cum_p.gather(-1, below)) / p.clamp_min(1e-300)
+         + cum_q.gather(-1, below) / q.clamp_min(1e-300))
+    return torch.where(ok, 1.0 / s, 0.0).sum(-1)                                   # [N]
+
+
 def own_output_theory(outputs: dict[str, list[tuple[list[int], list[int]]]], k: int = K) -> dict:
     """Teacher-forced alpha on the server's own completions (completion positions only).
 
-    Per temperature T: the mean over generated positions of sum min(p_T, q_T) and sum p_T q_T
-    (T = 0: argmax agreement), and E = (1 - a^(k+1)) / (1 - a) from each. Comparing it with the
-    theory on held-out code separates "the text is different" from "the server accepts too little".
+    Per temperature T: the mean over generated positions of sum min(p_T, q_T), sum p_T q_T and
+    the coupled match of strict verification (T = 0: argmax agreement), and
+    E = (1 - a^(k+1)) / (1 - a) from each. Comparing it with the theory on held-out code separates
+    "the text is different" from "the server accepts too little". The completions are exact
+    samples of the target at T whichever mode produced them, so they serve every mode's theory.
     """
     import torch
 
@@ -273,7 +299,7 @@ def own_output_theory(outputs: dict[str, list[tuple[list[int], list[int]]]], k: 
     result = {}
     with torch.no_grad():
         for t_key, seqs in outputs.items():
-            t, s_min, s_pq, n = float(t_key), 0.0, 0.0, 0
+            t, s_min, s_pq, s_cp, n = float(t_key), 0.0, 0.0, 0.0, 0
             for prompt_ids, output_ids in seqs:
                 ids = torch.tensor([prompt_ids + output_ids[:-1]])                   # [1, len]
                 sl = slice(len(prompt_ids) - 1, None)                                # predicts the outputs
@@ -281,15 +307,17 @@ def own_output_theory(outputs: dict[str, list[tuple[list[int], list[int]]]], k: 
                 dl = draft(input_ids=ids).logits[0, sl].float()                      # [outputs, vocab]
                 if t == 0:
                     agree = (tl.argmax(-1) == dl.argmax(-1)).sum().item()
-                    s_min, s_pq = s_min + agree, s_pq + agree
+                    s_min, s_pq, s_cp = s_min + agree, s_pq + agree, s_cp + agree
                 else:
                     p, q = torch.softmax(tl / t, -1), torch.softmax(dl / t, -1)      # [outputs, vocab]
                     s_min += torch.minimum(p, q).sum().item()
                     s_pq += (p * q).sum().item()
+                    s_cp += coupled_match(p, q).sum().item()
                 n += tl.shape[0]
-            a, a1 = s_min / max(n, 1), s_pq / max(n, 1)
+            a, a1, a2 = s_min / max(n, 1), s_pq / max(n, 1), s_cp / max(n, 1)
             result[t_key] = {"num_positions": n, "alpha_with_draft_probs": a, "alpha_draft_prob_as_1": a1,
-                             "with_draft_probs": expected_length(a, k), "draft_prob_as_1": expected_length(a1, k)}
+                             "alpha_coupled": a2, "with_draft_probs": expected_length(a, k),
+                             "draft_prob_as_1": expected_length(a1, k), "coupled": expected_length(a2, k)}
             print(f"  own outputs T={t_key}: alpha {a:.3f}, sum p*q {a1:.3f}, E(k={k}) "
                   f"{result[t_key]['with_draft_probs']:.2f} over {n} positions", flush=True)
     return result
@@ -312,7 +340,12 @@ def _theory_columns(result: dict) -> list[tuple[str, str, str, str]]:
         cols += [("own_output_theory", key, f"offline {tag}, (a)'s own outputs",
                   f"offline {tag}, (a)'s own outputs: the same formula, with a measured teacher-forced (transformers, "
                   f"fp32) on the completions that server (a) returned at that temperature") for key, tag in
-                 (("with_draft_probs", "min(p,q)"), ("draft_prob_as_1", "p*q"))]
+                 (("with_draft_probs", "min(p,q)"), ("draft_prob_as_1", "p*q"))
+                 if key in next(iter(result["own_output_theory"].values()))]
+        cols += [("own_output_theory", "coupled", "offline coupled, (a)'s own outputs",
+                  "offline coupled, (a)'s own outputs: the same formula with a = the coupled match "
+                  "sum_i 1 / sum_j max(p_j/p_i, q_j/q_i) of strict verification's drafts, on the same "
+                  "completions")] if "coupled" in next(iter(result["own_output_theory"].values())) else []
     return cols
 
 
@@ -392,9 +425,11 @@ def _explanation(result: dict) -> list[str]:
                    "the formula does not capture.")
     modes = result["modes"]
     if "strict" in modes:
-        out.append("Strict verification (b) accepts only when the draft equals the target's own sample, so its "
-                   "theory is the sum p*q column: like the lost-draft-probabilities bug it falls towards 1 as "
-                   "the temperature rises.")
+        out.append("Strict verification (b) accepts only when the draft equals the target's own sample. Its "
+                   "drafts are raced with the target's own random numbers (coupled), so its theory is the "
+                   "coupled column, between sum p*q (independent drafts: the rate of the "
+                   "lost-draft-probabilities bug, which falls towards 1 as the temperature rises) and "
+                   "sum min(p, q).")
     if "greedy_draft" in modes:
         lower = [t for t in modes["greedy_draft"] if float(t) > 0 and "probabilistic" in modes
                  and modes["greedy_draft"][t]["acceptance_length"] < modes["probabilistic"][t]["acceptance_length"]]
@@ -413,7 +448,7 @@ def write_markdown(result: dict, path: Path) -> None:
         f"- Machine: {result['machine']}, no GPU, shared with other work (load average "
         f"{result['load_average_before'][0]:.1f} before the run); the server ran {result['threads']} torch thread(s)",
         f"- k = {k} draft tokens per step",
-        f"- Server: `python -m specserve.server.cli serve --device cpu` with no model arguments (target = demo, "
+        f"- Server: `python -m specserve.server.cli serve --device cpu --speculative-k fixed` with no model arguments (target = demo, "
         f"draft = demo, k = {k}), a fresh server per mode, on 127.0.0.1",
         f"- Load per temperature: {result['requests_per_temperature']} seeded requests (seeds "
         f"{SEED_BASE}..{SEED_BASE + result['requests_per_temperature'] - 1}, {len(result['prompts'])} "
@@ -445,8 +480,9 @@ def write_plot(result: dict, path: Path) -> None:
     for m, rows in result["modes"].items():
         ax.plot(temps, [rows[t]["acceptance_length"] for t in keys], marker="o", linewidth=2,
                 color=colours[m], label="measured " + MODES[m][1])
-    # each theory curve in the colour of the mode it predicts: min(p, q) -> (a), p*q -> (b)
-    theory_colour = {"with_draft_probs": "tab:blue", "draft_prob_as_1": "tab:orange"}
+    # each theory curve in the colour of the mode it predicts: min(p, q) -> (a), coupled -> (b);
+    # p*q (independent drafts, no mode since strict drafts are coupled) in grey
+    theory_colour = {"with_draft_probs": "tab:blue", "coupled": "tab:orange", "draft_prob_as_1": "tab:gray"}
     for src, key, name, _ in _theory_columns(result):
         ys = [result[src].get(t, {}).get(key) for t in keys]
         if all(y is not None for y in ys):

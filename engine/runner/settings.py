@@ -22,8 +22,10 @@ class SpecSettings:
 
     @property
     def store_probs(self) -> bool:
-        """Whether each draft's q row is kept (with the request, surviving preemption)."""
-        return self.num_speculative_tokens > 0 and self.draft_sample_method == "sample"
+        """Whether each draft's q row is kept (with the request, surviving preemption): only
+        probabilistic verification of sampled drafts reads it (min(1, p/q), the residual)."""
+        return (self.num_speculative_tokens > 0 and self.draft_sample_method == "sample"
+                and self.rejection_method == "probabilistic")
 
     @property
     def greedy_drafts(self) -> bool:
