@@ -168,7 +168,10 @@ def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype
         free, total = torch.cuda.mem_get_info(device)
         budget = int(total * config.gpu_memory_utilization) - (total - free) - (1 << 30)
         spec_cfg = config.speculative
-        if spec_cfg.enabled and spec_cfg.draft_sample_method == "sample":   # the draft loop's q
+        stores_q = spec_cfg.enabled and SpecSettings(   # the one rule for keeping q
+            spec_cfg.num_speculative_tokens, max_model_len, spec_cfg.rejection_sample_method,
+            spec_cfg.draft_sample_method).store_probs
+        if stores_q:   # the draft loop's q buffer
             budget -= DraftLoop.probs_bytes(spec_cfg.num_speculative_tokens, config.max_num_seqs,
                                             specs[0].vocab_size)
         if not config.enforce_eager:   # the CUDA graphs' logits (captured after the cache)
