@@ -301,7 +301,8 @@ def _spec_control(config: EngineConfig, info: EngineInfo, runner,
         from specserve.engine.runner.calibration import calibrate
 
         calibration = calibrate(runner, config.max_num_seqs)
-    k_dependent = spec.rejection_sample_method == "probabilistic" or spec.draft_sample_method == "greedy"
+    # strict verification emits the target's own sample whatever was drafted (any draft method)
+    k_dependent = spec.rejection_sample_method == "probabilistic"
     return SpecControl(info.num_speculative_tokens, spec.speculative_k, info.max_model_len,
                        k_dependent, calibration, zero_runs_ahead)
 

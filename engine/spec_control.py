@@ -22,8 +22,8 @@ Plain Python, no torch. Three parts, each fed by numbers the engine already has:
   padded to the batch's widest row, so a smaller k for one request saves no time and only loses
   its expected tokens (docs/speculation.md). Rows may still take fewer drafts near max_tokens.
 
-Seeded requests at temperature > 0 (under probabilistic verification or greedy drafts) are
-pinned to k = 0 in adaptive mode: with min(1, p/q) acceptance the token at a position depends on
+Seeded requests at temperature > 0 under probabilistic verification (greedy drafts included)
+are pinned to k = 0 in adaptive mode: with min(1, p/q) acceptance the token at a position depends on
 whether a draft was verified there, and no shared-randomness scheme can make it independent of
 that while keeping sum min(p, q) acceptance; pinned, their output is the plain decoding output
 for their seed whatever the load. Greedy requests and strict verification are independent of k

@@ -81,21 +81,30 @@ def test_k_zero_everywhere_is_plain_decoding(pair, make_llm):
     assert _ids(outs) == plain and _drafted(outs) == 0
 
 
-def test_strict_seeded_output_does_not_depend_on_k_batch_or_preemption(pair, make_llm):
+@pytest.mark.parametrize("drafts", ["sample", "greedy"])
+def test_strict_seeded_output_does_not_depend_on_k_batch_or_preemption(pair, make_llm, drafts):
     prompts = _prompts(8, seed=23)
     params = [SamplingParams(temperature=1.0, top_p=0.9, seed=70 + i, max_tokens=20, ignore_eos=True)
               for i in range(8)]
+    strict = dict(rejection_sample_method="strict", draft_sample_method=drafts)
     plain = _ids(make_llm(pair[0]).generate(prompts, params))
-    fixed = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K,
-                     rejection_sample_method="strict", speculative_k="fixed")
+    fixed = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K, speculative_k="fixed",
+                     **strict)
     assert _ids(fixed.generate(prompts, params)) == plain
-    llm = _spec(make_llm, pair, rejection_sample_method="strict")
+    llm = _spec(make_llm, pair, **strict)
     force_random_k(llm.core, seed=5)
     outs = llm.generate(prompts, params)
     assert _ids(outs) == plain and _drafted(outs) > 0
     solo = llm.generate([prompts[3]], params[3])
     assert _ids(solo)[0] == plain[3]
-    stormy = _spec(make_llm, pair, rejection_sample_method="strict")
+    # the controller's own choice: strict output does not depend on k, so seeded requests are
+    # not pinned to k = 0 (whatever the draft method) and speculate with the batch
+    free = _spec(make_llm, pair, **strict)
+    ctl = free.core.spec_control.controller
+    ctl.current, ctl.HYSTERESIS = K, 1e9      # keep the batch's k at K
+    outs = free.generate(prompts, params)
+    assert _ids(outs) == plain and all(c.spec_decode.num_draft_tokens > 0 for o in outs for c in o.outputs)
+    stormy = _spec(make_llm, pair, **strict)
     force_random_k(stormy.core, seed=6)
     done, with_drafts = _run_with_preemption_at_every_step(stormy, prompts, params, random.Random(8))
     assert with_drafts > 0
