@@ -10,7 +10,7 @@ chosen module up. The torch references are the CPU path and the test oracle for 
 from __future__ import annotations
 
 from specserve.kernels.backend import selected
-from specserve.kernels.philox import DRAFT, draft_stream  # noqa: F401  (draft_stream: public)
+from specserve.kernels.philox import DRAFT
 
 
 def linear(x, weight, bias=None):

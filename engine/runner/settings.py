@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.kernels.ops import draft_stream
+from specserve.kernels.philox import draft_stream
 
 
 @dataclass(frozen=True)
