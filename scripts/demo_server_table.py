@@ -336,16 +336,17 @@ def _theory_columns(result: dict) -> list[tuple[str, str, str, str]]:
              "(T = 0: a = greedy agreement)") for key, tag, what in
             (("with_draft_probs", "min(p,q)", "a = sum min(p, q)"),
              ("draft_prob_as_1", "p*q", "a = sum p*q, the draft prob taken as 1"))]
-    if result.get("own_output_theory"):
+    own = result.get("own_output_theory")
+    if own:
         cols += [("own_output_theory", key, f"offline {tag}, (a)'s own outputs",
                   f"offline {tag}, (a)'s own outputs: the same formula, with a measured teacher-forced (transformers, "
                   f"fp32) on the completions that server (a) returned at that temperature") for key, tag in
-                 (("with_draft_probs", "min(p,q)"), ("draft_prob_as_1", "p*q"))
-                 if key in next(iter(result["own_output_theory"].values()))]
-        cols += [("own_output_theory", "coupled", "offline coupled, (a)'s own outputs",
-                  "offline coupled, (a)'s own outputs: the same formula with a = the coupled match "
-                  "sum_i 1 / sum_j max(p_j/p_i, q_j/q_i) of strict verification's drafts, on the same "
-                  "completions")] if "coupled" in next(iter(result["own_output_theory"].values())) else []
+                 (("with_draft_probs", "min(p,q)"), ("draft_prob_as_1", "p*q"))]
+        if "coupled" in next(iter(own.values())):   # JSON written before 2026-11-25 has none
+            cols.append(("own_output_theory", "coupled", "offline coupled, (a)'s own outputs",
+                         "offline coupled, (a)'s own outputs: the same formula with a = the coupled "
+                         "match sum_i 1 / sum_j max(p_j/p_i, q_j/q_i) of strict verification's drafts, "
+                         "on the same completions"))
     return cols
 
 
