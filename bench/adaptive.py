@@ -66,8 +66,20 @@ class AdaptiveSettings:
     def k_max(self) -> int:
         return max(self.ks)
 
+    @property
+    def token_budget(self) -> int:
+        """max_num_batched_tokens of the engines: room for every row's widest verification."""
+        return max(2048, max(max(self.batch_sizes), self.ramp_requests) * (self.k_max + 1) + 64)
+
     def output_len_for(self, batch: int) -> int:
-        return max(self.output_len, -(-self.cell_tokens // batch))
+        """Tokens per request in a cell of ``batch``: at least ``output_len`` and
+        ``cell_tokens`` in all, and 32 per step the batch's prompts take to prefill. Tokens/s
+        counts the decode phase (from the step where every request has its first token); while
+        a large batch's prompts prefill over several steps, the requests already admitted
+        decode, more of them with speculation than without, and with 32 tokens each at batch
+        256 the decode phase of a good draft held only a fifth of the tokens."""
+        prefill_steps = -(-batch * self.prompt_len // self.token_budget)
+        return max(self.output_len, -(-self.cell_tokens // batch), 32 * prefill_steps)
 
 
 # ---- the pairs ---------------------------------------------------------------------------------
@@ -334,9 +346,8 @@ def kv_blocks(s: AdaptiveSettings, block_size: int = 16) -> int:
 
 def build_core(cache: ModelCache, target: str, draft: Optional[str], s: AdaptiveSettings) -> EngineCore:
     max_seqs = max(max(s.batch_sizes), s.ramp_requests)
-    tokens = max(2048, max_seqs * (s.k_max + 1) + 64)
     return cache.core(target, draft, s.k_max if draft else 0, kv_blocks(s), "dummy",
-                      max_num_seqs=max_seqs, max_num_batched_tokens=tokens,
+                      max_num_seqs=max_seqs, max_num_batched_tokens=s.token_budget,
                       speculative_k="adaptive")
 
 
