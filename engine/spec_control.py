@@ -268,29 +268,31 @@ class CostModel:
         device = self.device_seconds(batch, k_verify, k_draft)
         if k_verify == k_draft == 0 and self.zero_scale.count:
             device *= self.zero_scale.value
-        host = None
         if k_verify or k_draft:
             host = self._drafting_host(b)
-        if host is None:          # no drafting step yet: its host work is at least a plain one's
+        else:
             over = self.overhead.get(b)
             host = over.value if over else 0.0
         if k_verify == k_draft == 0 and self.zero_runs_ahead:
             return max(device, host)
         return device + host
 
-    def _drafting_host(self, b: int) -> Optional[float]:
+    def _drafting_host(self, b: int) -> float:
         """The drafting steps' host residual at batch bucket ``b``: learnt there, else the
-        nearest bucket's. A drafting step's host work grows with the rows (drafts,
-        probabilities, acceptance bookkeeping; on an H100 0.3 / 0.4 / 1.2 / 5.5 ms at batch 1 /
-        4 / 16 / 64); read as 0 where not yet measured, k = 2 at batch 16 looked 1.04x plain
-        and ran at 0.8x."""
+        largest smaller bucket's (a drafting step's host work grows with the rows: on an H100
+        0.3 / 0.4 / 1.2 / 5.5 ms at batch 1 / 4 / 16 / 64; read as 0 where not yet measured,
+        k = 2 at batch 16 looked 1.04x plain and ran at 0.8x). With none, a plain step's
+        residual where plain steps wait for the host; where they run ahead, what they teach is
+        host work they hide, not a residual (at batch 1, 1.1 ms, where drafting steps exposed
+        0.4 ms: the controller stayed at k = 0 where k = 3 ran 1.13x), so 0: the first
+        drafting steps measure it."""
         over = self.drafting_overhead.get(b)
-        if over is not None:
-            return over.value
-        if not self.drafting_overhead:
-            return None
-        near = min(self.drafting_overhead, key=lambda m: (abs(math.log2(m / b)), -m))
-        return self.drafting_overhead[near].value
+        if over is None:
+            smaller = [m for m in self.drafting_overhead if m < b]
+            over = self.drafting_overhead[max(smaller)] if smaller else None
+        if over is None and not self.zero_runs_ahead:
+            over = self.overhead.get(b)
+        return over.value if over else 0.0
 
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
     ZERO_SCALE = (0.5, 1.5)   # bounds of one k = 0 step's measured / calibrated ratio

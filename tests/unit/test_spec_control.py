@@ -450,3 +450,25 @@ def test_plain_steps_measured_at_other_batches_correct_an_unmeasured_ones_calibr
             a += 1
         ctl.acceptance.record("x", 0, 4, a)
     assert _decide(ctl, 16) == 0, ctl.last.goodput
+
+
+def test_batch_one_drafting_is_not_priced_with_a_larger_batchs_or_a_plain_steps_host_work():
+    """The bench's first cell after its warm-up (a few steps at batch 4): the trace's
+    controller held batch 1 at k = 0 for a whole cell where k = 3 ran 1.13x, its drafting steps
+    predicted with batch 4's host residual (1.5 ms, from warm-up steps) or with the plain
+    steps' hidden host work (1.1 ms); a drafting step at batch 1 exposed 0.4 ms. Until one is
+    measured at batch 1 its drafting steps are predicted at their device time."""
+    ctl = KController(8, "adaptive", CostModel(_TRACE_CAL, zero_runs_ahead=True))
+    for _ in range(2):
+        ctl.observe_step(4, 2, 2, 8, 5.43e-3)
+    for _ in range(8):
+        ctl.observe_step(1, 0, 0, 1, 1.8e-3, hidden_host=1.1e-3)
+    for k in range(1, 9):
+        assert ctl.cost.step_seconds(1, k) == pytest.approx(ctl.cost.device_seconds(1, k, k)), k
+    assert ctl.cost.step_seconds(16, 2) == pytest.approx(
+        ctl.cost.device_seconds(16, 2, 2) + ctl.cost.drafting_overhead[4].value)
+    # where plain steps wait for the host, their residual is a drafting step's floor
+    sync = CostModel(_TRACE_CAL)
+    for _ in range(8):
+        sync.observe(1, 0, 0, 2.9e-3)
+    assert sync.step_seconds(1, 3) == pytest.approx(sync.device_seconds(1, 3, 3) + 2.9e-3 - 2.2e-3)
