@@ -3,8 +3,9 @@
 Plain Python, no torch. Three parts, each fed by numbers the engine already has:
 
 * :class:`AcceptanceModel`: the conditional acceptance rate a_j of draft position j (accepted
-  given positions 1..j-1 were), per temperature bucket across requests and per request, as
-  exponential moving averages that start from a prior. A verification of n drafts with m
+  given positions 1..j-1 were), per temperature bucket across requests and per request: means
+  of the outcomes (moving averages once there are many) shrunk toward a prior, the position
+  before for a bucket, the bucket's estimate for a request. A verification of n drafts with m
   accepted tries positions 1..min(m + 1, n): the first m succeed, position m + 1 (if drafted)
   fails, later ones were not tried and leave their estimate alone.
 * :class:`CostModel`: seconds of one decode step at batch B when every request proposes k drafts:
@@ -75,7 +76,7 @@ class _Rates:
     prior worth ``weight`` outcomes.
 
     The prior of a temperature bucket's estimates (``chain``) is the position before (position
-    1: ``start``): the controller only learns position j from verifications of at least j
+    1: ``prior[0]``): the controller only learns position j from verifications of at least j
     drafts, and deep positions read against a fixed prior stayed near it. On an H100 a draft
     with ~0.7 acceptance at every position sat at k = 1 at batch 1 (E(4) looked like 2.6
     tokens; k = 4 commits 3.0 and ran 1.3x plain). A request's own estimates are shrunk toward
@@ -144,7 +145,7 @@ class AcceptanceModel:
 
     def rates(self, request_id: str, bucket: int) -> list[float]:
         own = self.per_request.get(request_id)
-        return (own or self.shared[bucket]).rates()
+        return list((own or self.shared[bucket]).rates())   # a copy: the estimates cache theirs
 
     def table(self, request_id: str, bucket: int) -> list[float]:
         """E(0..k_max) for this request (cached until its estimates change)."""
@@ -220,7 +221,7 @@ class CostModel:
         self.rate = rate
         # k = 0 steps are queued behind the previous step (decode-ahead): their host work
         # overlaps the device instead of adding to it. Until k = 0 is measured at a batch
-        # bucket, it is predicted as max(device, host), not device + host. The host residual
+        # bucket, it is predicted as max(scaled device, host), not device + host. The host residual
         # is learnt mostly from drafting steps, which wait for the host; adding it to k = 0 is a
         # trap: on an H100 (1.7B-like target, truncated draft, T = 0, batch 16) steps at k = 3
         # exposed ~2.6 ms of host work, k = 0 was then predicted at twice its real 2.3 ms, and
@@ -258,22 +259,24 @@ class CostModel:
         return self._expected(batch, k, k)
 
     def _expected(self, batch: int, k_verify: int, k_draft: int) -> float:
-        """The measured cell of a steady step once it has MIN_SAMPLES, else the calibration plus
-        the host residual learnt at this batch bucket (at k = 0 running ahead: the larger of
-        the two, since they overlap)."""
+        """The measured cell of a steady step once it has MIN_SAMPLES, else the calibration
+        (a plain step's scaled by ``zero_scale``) plus a host residual: a plain step's learnt at
+        this batch bucket (at k = 0 running ahead: the larger of the two, since they overlap),
+        a drafting step's from ``_drafting_host``."""
         b = self.bucket(batch)
         cell = self.cells.get((b, k_draft)) if k_verify == k_draft else None
         if cell is not None and cell.count >= self.MIN_SAMPLES:
             return cell.value
         device = self.device_seconds(batch, k_verify, k_draft)
-        if k_verify == k_draft == 0 and self.zero_scale.count:
-            device *= self.zero_scale.value
+        plain = k_verify == k_draft == 0
+        if plain and self.zero_scale.count and (self.zero_runs_ahead or b not in self.overhead):
+            device *= self.zero_scale.value   # (a synchronous plain residual already holds it)
         if k_verify or k_draft:
             host = self._drafting_host(b)
         else:
             over = self.overhead.get(b)
             host = over.value if over else 0.0
-        if k_verify == k_draft == 0 and self.zero_runs_ahead:
+        if plain and self.zero_runs_ahead:
             return max(device, host)
         return device + host
 
@@ -341,7 +344,8 @@ class CostModel:
     def snapshot(self) -> dict:
         return {"calibration": self.cal.as_dict(),
                 "overhead_seconds": {b: round(e.value, 7) for b, e in sorted(self.overhead.items())},
-                "plain_step_over_calibration": round(self.zero_scale.value, 4),
+                "plain_step_over_calibration": (round(self.zero_scale.value, 4)
+                                                if self.zero_scale.count else None),
                 "drafting_overhead_seconds": {b: round(e.value, 7)
                                               for b, e in sorted(self.drafting_overhead.items())},
                 "measured_step_seconds": {f"{b},{k}": round(e.value, 7)
@@ -391,6 +395,16 @@ class KController:
     # would also choose unless one of those slow inputs crossed a threshold in between. Leaving
     # 0 is at most ZERO_RECHECK - 1 steps late, against a catch-up horizon of HORIZON_STEPS.
     ZERO_RECHECK = 4
+    # The acceptance model learns position j only from verifications of at least j drafts: a
+    # position past the current k keeps whatever its first few outcomes said. In a replay of the
+    # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
+    # and held k = 1 for 395 steps in 9 of 50 seeds. Every DEEPER_EVERY steps at one k > 0, a
+    # step drafts k + 1 if that is predicted to lose at most DEEPER_LOSS of the goodput, or if
+    # position k + 1 has fewer than DEEPER_SAMPLES outcomes in a bucket of the batch (a low
+    # estimate from few outcomes would otherwise keep the probe from ever running).
+    DEEPER_EVERY = 16
+    DEEPER_LOSS = 0.10
+    DEEPER_SAMPLES = 32
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -411,6 +425,7 @@ class KController:
         self._held = 0               # steps held at 0 since the last full evaluation
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
+        self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
 
     @property
     def adaptive(self) -> bool:
@@ -458,11 +473,29 @@ class KController:
             self.steps_at_zero, self.seconds_at_zero = 0, 0.0
             if self.current != 0:                          # speculation paid beyond a probe
                 self.explore_every = self.EXPLORE_EVERY
+            best = self._deeper(best, goodput, rows)
         self.current = best
         self._held, self._held_batch, self._held_seconds = 0, batch, seconds[0]
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
+
+    def _deeper(self, best: int, goodput: list[float], rows: list[Row]) -> int:
+        """``best``, or ``best + 1`` for one step once ``best`` has held DEEPER_EVERY steps,
+        when that is predicted to cost at most DEEPER_LOSS of the goodput or the position it
+        adds has few outcomes yet."""
+        if best != self.current:
+            self.steps_at_k = 0
+            return best
+        self.steps_at_k += 1
+        if self.steps_at_k < self.DEEPER_EVERY or best >= self.k_max:
+            return best
+        few = min(self.acceptance.shared[b].count[best] for b in {r.bucket for r in rows}) \
+            < self.DEEPER_SAMPLES
+        if few or goodput[best + 1] >= (1.0 - self.DEEPER_LOSS) * goodput[best]:
+            self.steps_at_k = 0
+            return best + 1
+        return best
 
     def _catchup_pays(self, rows: list[Row], tokens: list[float], goodput: list[float], k: int,
                       lag: int) -> bool:

@@ -411,18 +411,22 @@ def _simulate(ctl: KController, batch: int, steps: int, rate: float, step_second
     return ks
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_deep_positions_are_learnt_though_k_stopped_short_of_them(seed):
+def test_deep_positions_are_learnt_though_k_stopped_short_of_them():
     """Batch 1, conditional acceptance 0.76 at every position (E(4) = 3.1 tokens, as the
     bench's k = 4 cell committed): k = 3-4 runs ~1.3x plain. The trace's controller sat at
     k = 1 for a whole cell, or fell to 0 and stayed: the positions past 1 were read from a
     handful of early outcomes, near a fixed prior, and nothing re-tried them; a request's own
-    estimate (an EMA over 5 verifications) dropped below 0.5 on a few unlucky outcomes."""
-    ctl = KController(8, "adaptive", CostModel(_TRACE_CAL, zero_runs_ahead=True))
-    ks = _simulate(ctl, 1, 400, 0.76, lambda k: _H100_B1_STEP[k], random.Random(seed))
-    tail = ks[-150:]
-    assert sum(tail) / len(tail) >= 2.5, ks
-    assert tail.count(0) <= 15, ks
+    estimate (an EMA over 5 verifications) dropped below 0.5 on a few unlucky outcomes. Even
+    with both fixed, one rejection at the position past k could hold k there for good (9 of 50
+    seeds stayed at k = 1): hence the step one draft deeper (KController.DEEPER_EVERY). 20
+    seeds: before these changes none settled at k >= 2.5, with the estimates alone 16."""
+    settled = []
+    for seed in range(20):
+        ctl = KController(8, "adaptive", CostModel(_TRACE_CAL, zero_runs_ahead=True))
+        ks = _simulate(ctl, 1, 400, 0.76, lambda k: _H100_B1_STEP[k], random.Random(seed))
+        tail = ks[-150:]
+        settled.append(sum(tail) / len(tail) >= 2.5 and tail.count(0) <= 15)
+    assert sum(settled) >= 18, settled
 
 
 def test_plain_steps_measured_at_other_batches_correct_an_unmeasured_ones_calibration():
@@ -431,7 +435,7 @@ def test_plain_steps_measured_at_other_batches_correct_an_unmeasured_ones_calibr
     looked 1.05x plain and the controller drafted for a whole cell at 0.76x. Plain steps
     measured at batch 1 / 4 / 8 ran at ~0.75x their calibration: batch 16's k = 0 is predicted
     at that share until measured, and its drafting steps with the host work measured at the
-    nearest batch."""
+    largest smaller batch."""
     ctl = KController(8, "adaptive", CostModel(_TRACE_CAL, zero_runs_ahead=True))
     for b, wall in ((1, 1.78e-3), (4, 1.95e-3), (8, 1.94e-3)):
         for _ in range(8):
@@ -467,8 +471,12 @@ def test_batch_one_drafting_is_not_priced_with_a_larger_batchs_or_a_plain_steps_
         assert ctl.cost.step_seconds(1, k) == pytest.approx(ctl.cost.device_seconds(1, k, k)), k
     assert ctl.cost.step_seconds(16, 2) == pytest.approx(
         ctl.cost.device_seconds(16, 2, 2) + ctl.cost.drafting_overhead[4].value)
-    # where plain steps wait for the host, their residual is a drafting step's floor
+    # where plain steps wait for the host, their residual is a drafting step's floor, and a
+    # plain step measured once is predicted at its time (its residual holds the calibration's
+    # excess: scaling the calibration as well would count that excess twice)
     sync = CostModel(_TRACE_CAL)
+    sync.observe(1, 0, 0, 2.9e-3)
+    assert sync.step_seconds(1, 0) == pytest.approx(2.9e-3)
     for _ in range(8):
         sync.observe(1, 0, 0, 2.9e-3)
     assert sync.step_seconds(1, 3) == pytest.approx(sync.device_seconds(1, 3, 3) + 2.9e-3 - 2.2e-3)
