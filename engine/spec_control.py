@@ -271,7 +271,7 @@ class CostModel:
         plain = k_verify == k_draft == 0
         if plain and self.zero_scale.count and (self.zero_runs_ahead or b not in self.overhead):
             device *= self.zero_scale.value   # (a synchronous plain residual already holds it)
-        if k_verify or k_draft:
+        if not plain:
             host = self._drafting_host(b)
         else:
             over = self.overhead.get(b)
@@ -324,17 +324,17 @@ class CostModel:
         expect = self._expected(batch, k_verify, k_draft)
         seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
         b = self.bucket(batch)
+        device = self.device_seconds(batch, k_verify, k_draft)
         if hidden_host is not None:
             residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
         else:
-            residual = max(0.0, seconds - self.device_seconds(batch, k_verify, k_draft))
+            residual = max(0.0, seconds - device)
         if k_verify == 0 < k_draft:
             pass   # leaving k = 0: the draft's catch-up (priced apart) is no host work of a k
         elif k_verify or k_draft:
             self.drafting_overhead.setdefault(b, _Ema()).add(residual, self.rate)
         else:
             self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
-            device = self.device_seconds(batch, 0, 0)
             if device > 0:
                 scale = min(max(seconds / device, self.ZERO_SCALE[0]), self.ZERO_SCALE[1])
                 self.zero_scale.add(scale, self.rate)
