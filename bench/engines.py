@@ -23,6 +23,7 @@ import torch
 from specserve.bench.timing import median, synchronize, time_calls
 from specserve.engine.config import EngineConfig, SpeculativeConfig
 from specserve.engine.core import EngineCore
+from specserve.engine.heap import settle_after_startup, unfreeze
 from specserve.engine.models.llama import LlamaFamilyModel
 from specserve.engine.models.loader import load_model
 from specserve.engine.models.spec import read_model_spec
@@ -105,7 +106,9 @@ class ModelCache:
             device=str(self.device), dtype=str(dtype).replace("torch.", ""), kernel_backend=backend,
             num_kv_blocks=num_kv_blocks, block_size=block_size, vocab_size=tspec.vocab_size,
             eos_token_ids=eos)
-        return EngineCore(config, LoadedModels(info, tok, runner))
+        core = EngineCore(config, LoadedModels(info, tok, runner))
+        settle_after_startup()   # as the server does: no full GC passes inside timed steps
+        return core
 
     def release(self) -> None:
         """Drop every model and free device memory (before the next, larger thing needs it)."""
@@ -114,6 +117,7 @@ class ModelCache:
 
 
 def free_device_memory(device: torch.device) -> None:
+    unfreeze()   # engines frozen by ``ModelCache.core`` become collectable again
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

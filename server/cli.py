@@ -377,6 +377,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from specserve.engine import AsyncEngine
+    from specserve.engine.heap import settle_after_startup
     from specserve.server.app import create_app
     from specserve.server.tools import ToolOptions
 
@@ -401,6 +402,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 app.state.server.preprocess.describe())
     if opts.enable_test_hooks:
         logger.warning("--enable-test-hooks is on: POST /debug/fault can kill the engine (tests only)")
+    settle_after_startup()   # engine/heap.py: no full GC passes over the models while serving
     server = make_server(app, opts)
     # uvicorn re-raises the captured signal once it has shut down; with these handlers in place that
     # re-raise is a no-op, so a drained SIGTERM ends with exit status 0.

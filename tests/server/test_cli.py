@@ -129,6 +129,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_0(tiny_pair) -> None:
         text = srv.logs()
         assert "serving 'tiny'" in text
         assert "on cpu" in text and "KV cache" in text and "tokens" in text and srv.url in text
+        assert "start-up objects frozen" in text   # engine/heap.py ran before serving
         body = {"prompt": ["def add", "class"], "n": 4, "max_tokens": 200, "ignore_eos": True, "stream": True,
                 "return_token_ids": True}
         t, out = _start_stream(srv.url, body)
