@@ -39,7 +39,7 @@ from specserve.bench.engines import (GenerationRun, ModelCache, free_device_memo
                                      run_generation)
 from specserve.engine.core import EngineCore
 from specserve.engine.spec_control import KController
-from specserve.engine.types import SamplingParams, SpecDecodeStats
+from specserve.engine.types import SamplingParams, SpecDecodeStats, StepStats
 
 # Qwen3-1.7B: 28 layers, hidden 2048, 16 q heads / 8 kv heads of 128, MLP 6144, tied LM head.
 QWEN3_17B_LIKE = shapes.ModelShape("qwen3-1.7b-like", 2048, 28, 16, 8, 128, 6144, 151936, True)
@@ -167,10 +167,12 @@ def capture_exact_widths(core: EngineCore, ks: tuple[int, ...], log: Callable[[s
 class CellRun:
     run: GenerationRun
     chosen_k: list[int] = field(default_factory=list)     # histogram over k = 0..k_max (per row-step)
+    ahead_steps: int = 0    # decode steps that queued the next step before reading their own
 
     def as_dict(self) -> dict:
         d = self.run.as_dict()
         d["chosen_k"] = self.chosen_k
+        d["ahead_steps"] = self.ahead_steps
         return d
 
 
@@ -191,9 +193,21 @@ def generate(core: EngineCore, prompts: list[list[int]], temperature: float, out
     """All prompts at once, exactly ``output_len`` tokens each; tokens/s of the decode phase and
     the k chosen for each row at each decode step (unseeded, as ``_params``)."""
     chosen: list[int] = []
-    run = run_generation(core, prompts, output_len, tag, temperature=temperature,
-                         on_decode_step=lambda stats: _count(chosen, stats.spec_chosen_k))
-    return CellRun(run, chosen)
+    ahead = [0, _ahead_count(core)]
+
+    def on_step(stats: StepStats) -> None:
+        _count(chosen, stats.spec_chosen_k)
+        now = _ahead_count(core)
+        ahead[0] += now > ahead[1]
+        ahead[1] = now
+
+    run = run_generation(core, prompts, output_len, tag, temperature=temperature, on_decode_step=on_step)
+    return CellRun(run, chosen, ahead[0])
+
+
+def _ahead_count(core: EngineCore) -> int:
+    """Steps the engine has queued behind an unread one so far (engine/decode_ahead.py)."""
+    return core.decode_ahead.num_ahead_steps if core.decode_ahead is not None else 0
 
 
 def cell_row(cell: CellRun) -> dict:
@@ -201,6 +215,7 @@ def cell_row(cell: CellRun) -> dict:
     return {"tok_per_s": r.decode_tok_per_s, "acceptance_length": r.spec.acceptance_length,
             "decode_steps": r.decode_steps, "decode_tokens": r.decode_tokens,
             "decode_seconds": r.decode_seconds, "chosen_k": cell.chosen_k,
+            "ahead_steps": cell.ahead_steps,
             "spec_decode": r.spec.as_dict()}
 
 
@@ -254,8 +269,11 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
                 out["adaptive"][t][b]["over_plain_runs"] = [
                     a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"] else None
                     for p, a in zip(runs["plain"], runs["adaptive"])]
+            ahead = "; ".join(f"{c} {out[c][t][b]['ahead_steps']}/{out[c][t][b]['decode_steps']}"
+                              for c in paired)
             progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): "
-                     + ", ".join(f"{c} {_fmt(out[c][t][b]['tok_per_s'])}" for c in configs))
+                     + ", ".join(f"{c} {_fmt(out[c][t][b]['tok_per_s'])}" for c in configs)
+                     + f" (decode steps that queued the next: {ahead})")
     return out
 
 
@@ -294,7 +312,7 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
     arrivals = ramp_arrivals(s)
     params = _params(temperature, s.ramp_output_len)
     nxt, tokens, steps = 0, 0, 0
-    trace: list[tuple[float, int, int]] = []      # (seconds, running, batch k)
+    trace: list[tuple[float, int, int, int]] = []   # (seconds, running, batch k, queued the next 0/1)
     chosen: list[int] = []
     spec = SpecDecodeStats()
     t0 = time.perf_counter()
@@ -302,19 +320,21 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
         while nxt < len(prompts) and (arrivals[nxt] <= tokens or not core.has_unfinished()):
             core.add_request(f"{tag}-{nxt}", prompts[nxt], params)
             nxt += 1
+        queued = _ahead_count(core)
         _, stats = core.step()
         steps += 1
         tokens += stats.num_generation_tokens
         spec.merge(stats.spec_decode)
         _count(chosen, stats.spec_chosen_k)
         trace.append((time.perf_counter() - t0, stats.num_running,
-                      max(stats.spec_chosen_k, default=0)))
+                      max(stats.spec_chosen_k, default=0), int(_ahead_count(core) > queued)))
     seconds = time.perf_counter() - t0
-    peak = max((r for _, r, _ in trace), default=0)
+    peak = max((r for _, r, _, _ in trace), default=0)
     return {"tok_per_s": tokens / seconds if seconds > 0 else None, "tokens": tokens,
             "seconds": seconds, "steps": steps, "peak_batch": peak,
             "acceptance_length": spec.acceptance_length, "chosen_k": chosen,
-            "trace": [[round(t, 4), r, k] for t, r, k in trace[::max(1, len(trace) // 400)]]}
+            "ahead_steps": sum(a for *_, a in trace),
+            "trace": [[round(t, 4), r, k, a] for t, r, k, a in trace[::max(1, len(trace) // 400)]]}
 
 
 def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extra_graphs: dict,
@@ -328,7 +348,7 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
             r = run_ramp(core, s, temperature, f"{label}-ramp-{c}")
         out[c] = r
         progress(f"adaptive ramp {label} {c}: {_fmt(r['tok_per_s'])} tok/s over {r['seconds']:.1f}s, "
-                 f"peak batch {r['peak_batch']}")
+                 f"peak batch {r['peak_batch']}, {r['ahead_steps']} of {r['steps']} steps queued the next")
     return out
 
 
