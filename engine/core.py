@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from specserve.engine.batch import RequestResult
@@ -249,7 +249,7 @@ class EngineCore:
                 index=req.index, text=detok.visible_text(req.is_finished),
                 token_ids=req.output_token_ids, logprobs=list(lps[:n_out]) if lps is not None else None,
                 finish_reason=req.finish_reason, stop_reason=req.stop_reason,
-                spec_decode=_copy_spec(req.spec_stats), times=replace(req.times), error=req.error))
+                spec_decode=_copy_spec(req.spec_stats), times=req.times.copy(), error=req.error))
         return RequestOutput(parent.request_id, parent.prompt_token_ids, outs, parent.prompt_text,
                              parent.children[0].num_cached_tokens)
 

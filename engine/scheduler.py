@@ -61,6 +61,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._commit(req)   # its computed full blocks stay in the prefix cache, reusable
         self.kv.free(req)
         req.clear_drafts()
         req.status = RequestStatus.FINISHED
@@ -172,8 +173,8 @@ class Scheduler:
         if res is not None and res.num_draft_computed is not None:
             req.num_draft_computed = res.num_draft_computed
             req.num_draft_kv_ahead = res.num_draft_kv_ahead
-        self._commit(req)  # before a possible finish frees the blocks: they stay reusable
         if not s.samples:
+            self._commit(req)
             return
         assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
         s.num_accepted = len(res.sampled) - 1
@@ -181,7 +182,7 @@ class Scheduler:
         req.spec_stats.record(s.k, s.num_accepted)
         stats.spec_decode.record(s.k, s.num_accepted)
         req.clear_drafts()
-        append_tokens(req, res)
+        append_tokens(req, res)   # a finish there commits the blocks before freeing them
         if req.is_finished:
             return
         if res.new_drafts:

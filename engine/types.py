@@ -210,6 +210,11 @@ class RequestTimes:
     finished: Optional[float] = None
     num_preemptions: int = 0
 
+    def copy(self) -> "RequestTimes":
+        """A snapshot (every step's outputs carry one; ``dataclasses.replace`` costs 3x more)."""
+        return RequestTimes(self.arrival, self.first_scheduled, self.first_token, self.last_token,
+                            self.finished, self.num_preemptions)
+
 
 @dataclass
 class Logprob:
