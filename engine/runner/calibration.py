@@ -105,7 +105,6 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
-    _warm_catchup_shapes(runner, min(16, batches[-1]))
     catchup = _catchup_seconds_per_token(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
     cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
                       catchup_token=catchup)
@@ -125,21 +124,3 @@ def _catchup_seconds_per_token(runner, blocks: list[int], k_max: int, rows: int,
              for i, r in enumerate(_requests(rows, blocks, k_max))]
     return _timed(lambda: runner._draft_forward(items), runner.device, warmup, repeats) / (rows * _CONTEXT)
 
-
-def _warm_catchup_shapes(runner, rows: int) -> None:
-    """Run the draft's eager KV-only forward once at the catch-up shapes a server meets first:
-    one request at every length up to 64 tokens, a few batch sizes, and long ones. Triton
-    specialises kernels on the token and request counts (1, multiples of 16, others) and the
-    attention tile on the longest query; on an H100 a first catch-up that missed them waited
-    0.2-0.9 s for compiles in the middle of decoding."""
-    if runner.device.type != "cuda":
-        return
-    bs = runner.block_size
-    room = min(600, (runner.draft_kv[0][0].shape[0] - 1) * bs, runner.max_model_len)   # empty cache
-    shapes = [(1, n) for n in range(1, 65)] + [(b, n) for b in (2, 3, rows) for n in (2, 31, 40)]
-    shapes += [(1, 128), (1, 600), (rows, 128)]
-    for n_reqs, length in shapes:
-        length = min(length, room)
-        blocks = list(range(-(-length // bs)))
-        runner._draft_forward([ForwardItem([5 + (i + j) % 97 for j in range(length)], 0, blocks, 0)
-                               for i in range(n_reqs)])

@@ -27,6 +27,7 @@ from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.runner.speculator import Speculator
 from specserve.engine.runner.verifier import start_verification
+from specserve.engine.runner.warmup import warm_up_eager
 from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
@@ -76,6 +77,7 @@ class ModelRunner:
             self._capture_graphs(max_num_seqs, max_blocks)
         if layout.device.type == "cuda":
             self._warm_up_sampling(max_num_seqs, layout.dtype)
+            warm_up_eager(self, min(16, max_num_seqs))
 
     @property
     def num_speculative_tokens(self) -> int:
