@@ -21,8 +21,10 @@ from specserve.engine.request import Request
 from specserve.engine.scheduler import Scheduler, SchedulerLimits
 from specserve.engine.setup import EngineInfo, LoadedModels, load_models
 from specserve.engine.spec_control import SpecControl
+from specserve.engine.startup_traffic import run_startup_traffic
 from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
                           SamplingParams, SpecDecodeStats, StepStats)
+from specserve.kernels.compile_watch import watch_compiles
 
 log = logging.getLogger("specserve.engine")
 
@@ -54,12 +56,18 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
+        # synthetic requests first (CUDA): their compiles at start-up, not in the first real
+        # requests; the k controller, built next, learns nothing from them
+        self.spec_control: Optional[SpecControl] = None
+        self.decode_ahead: Optional[DecodeAhead] = None
+        run_startup_traffic(self)
         ahead = config.async_scheduling and DecodeAhead.supported(self.runner)
         self.spec_control = _spec_control(config, info, self.runner, ahead)
-        self.decode_ahead: Optional[DecodeAhead] = None
         if ahead:
             self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len,
                                             self.spec_control)
+        if self.runner.device.type == "cuda":
+            watch_compiles(_report_late_compile)
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -305,6 +313,11 @@ def _spec_control(config: EngineConfig, info: EngineInfo, runner,
     k_dependent = spec.rejection_sample_method == "probabilistic"
     return SpecControl(info.num_speculative_tokens, spec.speculative_k, info.max_model_len,
                        k_dependent, calibration, zero_runs_ahead)
+
+
+def _report_late_compile(kernel: str, seconds: float) -> None:
+    log.warning("a Triton kernel variant compiled after start-up (%.2fs, stalling the steps "
+                "behind it): %s", seconds, kernel)
 
 
 def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:

@@ -1,0 +1,22 @@
+"""kernels/compile_watch.py reports each compile through Triton's runtime hooks."""
+
+import pytest
+
+from specserve.kernels.compile_watch import watch_compiles
+
+knobs = pytest.importorskip("triton").knobs
+
+
+def test_a_compile_between_the_hooks_is_reported_with_its_duration() -> None:
+    runtime = knobs.runtime
+    saved = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    seen = []
+    try:
+        assert watch_compiles(lambda kernel, seconds: seen.append((kernel, seconds)))
+        assert runtime.jit_cache_hook(key=("k", 1), repr="rms_norm[...](x: *bf16)") is False   # compile goes on
+        runtime.jit_post_compile_hook(key=("k", 1), repr="rms_norm[...](x: *bf16)")
+        runtime.jit_post_compile_hook(key=("other",), repr="sample_kernel[...]")   # no start seen
+    finally:
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = saved
+    assert [k for k, _ in seen] == ["rms_norm[...](x: *bf16)", "sample_kernel[...]"]
+    assert seen[0][1] >= 0.0 and seen[1][1] == 0.0
