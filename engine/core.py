@@ -316,8 +316,8 @@ def _spec_control(config: EngineConfig, info: EngineInfo, runner,
 
 
 def _report_late_compile(kernel: str, seconds: float) -> None:
-    log.warning("a Triton kernel variant compiled after start-up (%.2fs, stalling the steps "
-                "behind it): %s", seconds, kernel)
+    log.warning("a Triton kernel variant was first needed after start-up (compiled or read from "
+                "Triton's disk cache in %.2fs while the steps behind it waited): %s", seconds, kernel)
 
 
 def _copy_spec(s: SpecDecodeStats) -> SpecDecodeStats:
