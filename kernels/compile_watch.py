@@ -31,8 +31,29 @@ def watch_compiles(report: Callable[[str, float], None]) -> bool:
 
     def after(**kw) -> None:
         t0 = started.pop(str(kw.get("key")), None)
-        report(str(kw.get("repr", "?"))[:300], time.perf_counter() - t0 if t0 is not None else 0.0)
+        report(describe(kw), time.perf_counter() - t0 if t0 is not None else 0.0)
 
     runtime.jit_cache_hook = before
     runtime.jit_post_compile_hook = after
     return True
+
+
+def describe(hook_kwargs: dict) -> str:
+    """``kernel(arg=value, n:16, m:1, ...)``: the kernel's name, its constexpr values and how
+    each integer argument was specialised (``16``: a multiple of 16, ``1``: equal to 1, ``-``:
+    neither), which is what tells one variant from another. Falls back to Triton's own repr."""
+    fn, key = hook_kwargs.get("fn"), hook_kwargs.get("key")
+    try:
+        jit = fn.jit_function
+        parts = []
+        for arg, (kind, spec) in zip(jit.arg_names, key[0]):
+            if kind == "constexpr":
+                parts.append(f"{arg}={spec}")
+            elif kind[:1] in ("i", "u") and kind != "u1":
+                parts.append(f"{arg}:{_SPEC.get(spec, '-')}")
+        return f"{fn.name}({', '.join(parts)})"
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return str(hook_kwargs.get("repr", "?"))[:300]
+
+
+_SPEC = {"D": "16", "1": "1"}

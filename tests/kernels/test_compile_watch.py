@@ -20,3 +20,16 @@ def test_a_compile_between_the_hooks_is_reported_with_its_duration() -> None:
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = saved
     assert [k for k, _ in seen] == ["rms_norm[...](x: *bf16)", "sample_kernel[...]"]
     assert seen[0][1] >= 0.0 and seen[1][1] == 0.0
+
+
+def test_a_variant_is_described_by_its_constexprs_and_integer_specialisations() -> None:
+    from types import SimpleNamespace
+
+    from specserve.kernels.compile_watch import describe
+
+    jit = SimpleNamespace(arg_names=["q_ptr", "num_tokens", "num_seqs", "one", "BLOCK"])
+    fn = SimpleNamespace(name="_paged_attention_kernel", jit_function=jit)
+    key = ([("*bf16", "D"), ("i32", "D"), ("i32", ""), ("constexpr", 1), ("constexpr", 64)], "options")
+    assert describe({"fn": fn, "key": key, "repr": "r"}) == \
+        "_paged_attention_kernel(num_tokens:16, num_seqs:-, one=1, BLOCK=64)"
+    assert describe({"fn": None, "key": None, "repr": "triton's repr"}) == "triton's repr"
