@@ -380,6 +380,28 @@ def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:,.1f}"
 
 
+@dataclass
+class PairModels:
+    """The section's models, loaded into a ModelCache: the softened target and both drafts."""
+
+    target: torch.nn.Module
+    mid: torch.nn.Module          # the truncated draft: the target's first layers, copied
+    unrelated: torch.nn.Module
+    softened_layers: int
+
+
+def load_pair_models(cache: ModelCache, dirs: dict[str, str], s: AdaptiveSettings,
+                     seed: int) -> PairModels:
+    """Load the target (its late layers softened), the truncated draft (the target's prefix
+    copied in) and the unrelated draft into ``cache``; engines then share them by directory."""
+    target = cache.model(dirs["target"], "dummy", seed)
+    softened = soften_late_layers(target, s.mid_layers, s.late_scale)
+    mid = cache.model(dirs["mid"], "dummy", seed + 2)
+    copy_prefix(target, mid)
+    unrelated = cache.model(dirs["unrelated"], "dummy", seed + 1)
+    return PairModels(target, mid, unrelated, softened)
+
+
 def model_dirs(root: Path, target: shapes.ModelShape, draft: shapes.ModelShape,
                mid_layers: int) -> dict[str, str]:
     """Checkpoint directories (no weights) of the target, the unrelated draft and the truncated

@@ -47,16 +47,12 @@ def adaptive(ctx: BenchContext) -> Section:
     dirs = ad.model_dirs(ctx.tmp / "adaptive", tshape, dshape, s.mid_layers)
     cache = ModelCache(str(ctx.device), ctx.dtype, o.kernel_backend, o.max_model_len,
                        o.enforce_eager, o.seed)
-    target = cache.model(dirs["target"], "dummy", o.seed)
-    softened = ad.soften_late_layers(target, s.mid_layers, s.late_scale)
-    mid = cache.model(dirs["mid"], "dummy", o.seed + 2)
-    ad.copy_prefix(target, mid)
-    unrelated = cache.model(dirs["unrelated"], "dummy", o.seed + 1)
-    tbytes = ad.param_bytes(target)
-    models = {"target": tshape.name, "target_bytes": tbytes, "softened_layers": softened,
+    pm = ad.load_pair_models(cache, dirs, s, o.seed)
+    tbytes = ad.param_bytes(pm.target)
+    models = {"target": tshape.name, "target_bytes": tbytes, "softened_layers": pm.softened_layers,
               "mid_layers": s.mid_layers, "late_scale": s.late_scale,
-              "bytes_ratio": {"unrelated": ad.param_bytes(unrelated) / tbytes, "self": 1.0,
-                              "mid": ad.param_bytes(mid) / tbytes}}
+              "bytes_ratio": {"unrelated": ad.param_bytes(pm.unrelated) / tbytes, "self": 1.0,
+                              "mid": ad.param_bytes(pm.mid) / tbytes}}
     ctx.log(f"adaptive: {tshape.name} target (layers {s.mid_layers}.. scaled by {s.late_scale}), "
             f"drafts: {dshape.name}, self, first {s.mid_layers} layers; load "
             + ", ".join(f"{Path(p).name} {t:.1f}s" for p, t in cache.load_seconds.items()))

@@ -1,11 +1,13 @@
-"""Why adaptive k chose what it chose: the bench's truncated-draft engine (Qwen3-1.7B-like dummy
-target, section adaptive's settings) runs its adaptive cells at the given batches and
-temperatures, three times each like the bench, and records for every decode step: wall ms, the
-host share, k verified and k proposed, committed tokens, and the controller's predicted step ms
-and goodput for every k. Each cell ends with the cost model's and the acceptance model's
-snapshot. Prints one line per step of the last repeat and writes $OUT/decisions.json.
+"""Why adaptive k chose what it chose: the bench's adaptive engines (Qwen3-1.7B-like dummy target,
+section adaptive's settings; the truncated draft by default, ``--pairs`` for the unrelated draft
+or no draft) run their adaptive cells at the given batches and temperatures, three times each like
+the bench, and record for every decode step: wall ms, the host share, k verified and k proposed,
+committed tokens, target and draft ms, and the controller's predicted step ms and goodput for
+every k. Each cell ends with the cost model's and the acceptance model's snapshot. Prints one line
+per step of each cell's last repeat and writes $OUT/decisions.json.
 
-    OUT=DIR PYTHONPATH=. python3 scripts/adaptive_decisions.py [--batches 1,16] [--temps 0,1]
+    OUT=DIR PYTHONPATH=. python3 scripts/adaptive_decisions.py [--pairs mid,unrelated,none]
+        [--batches 1,16] [--temps 0,1] [--repeats 3] [--tiny]
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from specserve.bench.engines import ModelCache, random_prompts
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", default="mid", help="drafts (comma-separated): mid (the truncated "
+                   "target), unrelated (the 0.6B-like dummy), none (plain decoding)")
     p.add_argument("--batches", default="1,16", help="batch sizes (comma-separated)")
     p.add_argument("--temps", default="0,1", help="temperatures (comma-separated)")
     p.add_argument("--repeats", type=int, default=3, help="adaptive runs per cell")
@@ -37,23 +41,31 @@ def main() -> None:
     dirs = ad.model_dirs(Path("/tmp/decisions"), tshape, dshape, s.mid_layers)
     cache = ModelCache("cpu" if a.tiny else "cuda", "float32" if a.tiny else "bfloat16", "auto",
                        1024, False, 0)
-    target = cache.model(dirs["target"], "dummy", 0)
-    ad.soften_late_layers(target, s.mid_layers, s.late_scale)
-    ad.copy_prefix(target, cache.model(dirs["mid"], "dummy", 2))
-    core = ad.build_core(cache, dirs["target"], dirs["mid"], s)
-    ctl = core.spec_control.controller
-    print("calibration", json.dumps(ctl.cost.cal.as_dict()), flush=True)
+    ad.load_pair_models(cache, dirs, s, seed=0)
+    res: dict = {"calibration": {}, "cells": {}}
+    for pair in a.pairs.split(","):
+        core = ad.build_core(cache, dirs["target"], None if pair == "none" else dirs[pair], s)
+        run_cells(core, s, a.repeats, pair, res)
+        ad.drop(core, cache.device)
+    (out / "decisions.json").write_text(json.dumps(res))
+
+
+def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict) -> None:
+    ctl = core.spec_control.controller if core.spec_control is not None else None
+    cost = ctl.cost if ctl is not None else None
+    if cost is not None:
+        res["calibration"][pair] = cost.cal.as_dict()
+        print(pair, "calibration", json.dumps(cost.cal.as_dict()), flush=True)
     vocab = core.info.vocab_size
-    res: dict = {"calibration": ctl.cost.cal.as_dict(), "cells": {}}
     for t in s.temperatures:
         ad.generate(core, random_prompts(4, s.prompt_len, vocab, 999), t, 8, f"warm-{t}")
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, 1000 * b)
-            for rep in range(a.repeats):
+            for rep in range(repeats):
                 steps: list = []
 
                 def on_step(st, batch=b) -> None:
-                    last = ctl.last
+                    last = ctl.last if ctl is not None else None
                     steps.append({
                         "ms": round(st.step_seconds * 1e3, 3),
                         "host_ms": None if st.host_wait_seconds is None else
@@ -61,25 +73,27 @@ def main() -> None:
                         "drafts": st.spec_decode.num_draft_tokens,
                         "k_next": max(st.spec_chosen_k, default=0),
                         "tokens": st.num_generation_tokens,
-                        "pred_ms": [round(ctl.cost.step_seconds(batch, k) * 1e3, 3)
-                                    for k in range(ctl.k_max + 1)],
+                        "target_ms": round(st.target_seconds * 1e3, 3),
+                        "draft_ms": round(st.draft_seconds * 1e3, 3),
+                        "pred_ms": [round(cost.step_seconds(batch, k) * 1e3, 3)
+                                    for k in range(ctl.k_max + 1)] if cost is not None else None,
                         "goodput": [round(g) for g in last.goodput] if last and last.goodput else None})
 
-                run = ad.run_generation(core, prompts, s.output_len_for(b), f"d-{t}-{b}-{rep}",
+                run = ad.run_generation(core, prompts, s.output_len_for(b), f"d-{pair}-{t}-{b}-{rep}",
                                         temperature=t, on_decode_step=on_step)
-                key = f"T{t:g}-B{b}-r{rep}"
+                key = f"{pair}-T{t:g}-B{b}-r{rep}"
                 res["cells"][key] = {"tok_per_s": run.decode_tok_per_s, "steps": steps,
-                                     "cost": ctl.cost.snapshot(),
-                                     "acceptance": ctl.acceptance.snapshot()}
+                                     "cost": cost.snapshot() if cost is not None else None,
+                                     "acceptance": ctl.acceptance.snapshot() if ctl is not None else None}
                 print(f"{key}: {run.decode_tok_per_s:,.1f} tok/s, {len(steps)} decode steps, "
                       f"acceptance {run.spec.acceptance_length}", flush=True)
             for st in steps:
                 print("  ", st["ms"], st["host_ms"], st["drafts"], st["k_next"], st["tokens"],
-                      st["pred_ms"], st["goodput"], flush=True)
+                      st["target_ms"], st["draft_ms"], st["pred_ms"], st["goodput"], flush=True)
             snap = res["cells"][key]
-            print("  cost", json.dumps({k: v for k, v in snap["cost"].items() if k != "calibration"}))
-            print("  acceptance", json.dumps(snap["acceptance"]), flush=True)
-    (out / "decisions.json").write_text(json.dumps(res))
+            if snap["cost"] is not None:
+                print("  cost", json.dumps({k: v for k, v in snap["cost"].items() if k != "calibration"}))
+                print("  acceptance", json.dumps(snap["acceptance"]), flush=True)
 
 
 if __name__ == "__main__":
