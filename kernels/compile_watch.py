@@ -39,21 +39,21 @@ def watch_compiles(report: Callable[[str, float], None]) -> bool:
 
 
 def describe(hook_kwargs: dict) -> str:
-    """``kernel(arg=value, n:16, m:1, ...)``: the kernel's name, its constexpr values and how
-    each integer argument was specialised (``16``: a multiple of 16, ``1``: equal to 1, ``-``:
-    neither), which is what tells one variant from another. Falls back to Triton's own repr."""
-    fn, key = hook_kwargs.get("fn"), hook_kwargs.get("key")
+    """``kernel(n:16, m:-, BLOCK=64, ...)``: the kernel's name, its constexpr values (an integer
+    argument equal to 1 is one too) and how each other integer argument was specialised (``16``:
+    a multiple of 16, ``-``: not), which is what tells one variant from another. Read from the
+    hook's ``compile`` arguments (signature, constants, attributes); Triton's own repr otherwise."""
+    comp = hook_kwargs.get("compile") or {}
     try:
-        jit = fn.jit_function
+        signature, constants, attrs = comp["signature"], comp["constants"], comp["configs"][0]
         parts = []
-        for arg, (kind, spec) in zip(jit.arg_names, key[0]):
-            if kind == "constexpr":
-                parts.append(f"{arg}={spec}")
+        for i, (arg, kind) in enumerate(signature.items()):
+            if (i,) in constants:
+                value = constants[(i,)]
+                parts.append(f"{arg}={getattr(value, 'value', value)}")
             elif kind[:1] in ("i", "u") and kind != "u1":
-                parts.append(f"{arg}:{_SPEC.get(spec, '-')}")
-        return f"{fn.name}({', '.join(parts)})"
-    except (AttributeError, TypeError, ValueError, IndexError):
+                aligned = any(a and a[0] == "tt.divisibility" for a in attrs.get((i,), []))
+                parts.append(f"{arg}:{'16' if aligned else '-'}")
+        return f"{hook_kwargs['fn'].name}({', '.join(parts)})"
+    except (AttributeError, KeyError, TypeError, IndexError):
         return str(hook_kwargs.get("repr", "?"))[:300]
-
-
-_SPEC = {"D": "16", "1": "1"}

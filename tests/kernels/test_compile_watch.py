@@ -27,9 +27,14 @@ def test_a_variant_is_described_by_its_constexprs_and_integer_specialisations() 
 
     from specserve.kernels.compile_watch import describe
 
-    jit = SimpleNamespace(arg_names=["q_ptr", "num_tokens", "num_seqs", "one", "BLOCK"])
-    fn = SimpleNamespace(name="_paged_attention_kernel", jit_function=jit)
-    key = ([("*bf16", "D"), ("i32", "D"), ("i32", ""), ("constexpr", 1), ("constexpr", 64)], "options")
-    assert describe({"fn": fn, "key": key, "repr": "r"}) == \
+    # the shape of Triton 3.6's hook arguments: signature by name, constants and attributes by path
+    compile_args = {
+        "signature": {"q_ptr": "*bf16", "num_tokens": "i32", "num_seqs": "i32", "one": "constexpr",
+                      "BLOCK": "constexpr"},
+        "constants": {(3,): 1, (4,): SimpleNamespace(value=64)},
+        "configs": [{(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}],
+    }
+    fn = SimpleNamespace(name="_paged_attention_kernel")
+    assert describe({"fn": fn, "key": "(...)", "repr": "r", "compile": compile_args}) == \
         "_paged_attention_kernel(num_tokens:16, num_seqs:-, one=1, BLOCK=64)"
-    assert describe({"fn": None, "key": None, "repr": "triton's repr"}) == "triton's repr"
+    assert describe({"fn": fn, "key": "(...)", "repr": "triton's repr"}) == "triton's repr"
