@@ -1,6 +1,8 @@
 """Every dashboard query returns data from a real Prometheus scraping a real `specserve serve`.
 
-The test builds a tiny target/draft pair, starts `specserve serve` (k = 3, CPU, adaptive k) and
+The test builds a tiny target/draft pair (the draft is the target's first layer, which predicts it
+exactly: see tests/helpers/checkpoints.make_layer_prefix_pair), starts `specserve serve` (k = 3,
+CPU, adaptive k) and
 Prometheus (scrape every second, with deploy/prometheus/specserve-rules.yml loaded) on 127.0.0.1,
 drives 20 requests, then evaluates every dashboard expression, every template-variable query and the
 recording rules. The acceptance panels must agree with the server's own per-request numbers: the
@@ -80,13 +82,12 @@ def serve_command() -> list[str]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     try:
-        from tests.helpers.checkpoints import make_tiny_checkpoint
+        from tests.helpers.checkpoints import make_layer_prefix_pair
     except ImportError as e:  # pragma: no cover
         pytest.fail(f"tests/helpers/checkpoints.py is needed to build the tiny pair: {e}")
-    root = tmp_path_factory.mktemp("pair")
-    target = make_tiny_checkpoint(root / "target", arch="llama", seed=0)
-    draft = make_tiny_checkpoint(root / "draft", arch="llama", seed=1, num_hidden_layers=1)
-    return target, draft
+    # a draft that predicts the target at a sixth of its layers: adaptive k drafts on a loaded
+    # machine too (with a random pair it stayed at k = 0 in a CI run beside other jobs)
+    return make_layer_prefix_pair(tmp_path_factory.mktemp("pair"), num_layers=6, draft_layers=1)
 
 
 def run_server(checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory,

@@ -107,3 +107,34 @@ def make_perturbed_copy(src: str | os.PathLike, dst: str | os.PathLike, noise: f
     noisy = {k: (v + noise * torch.randn(v.shape, generator=gen)).contiguous() for k, v in weights.items()}
     save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def make_layer_prefix_pair(root: str | os.PathLike, num_layers: int = 6, draft_layers: int = 1,
+                           seed: int = 0) -> tuple[Path, Path]:
+    """A tiny llama target whose layers past ``draft_layers`` add nothing (their attention and MLP
+    output projections are zero: they run, and cost, but leave the residual alone) and a draft of
+    its first ``draft_layers`` layers with the same weights. The draft predicts the target exactly
+    at a fraction of its cost, so speculation pays on any machine: tests that need adaptive k to
+    choose drafts use it (a random pair's choice depends on how loaded the machine is)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    root = Path(root)
+    target = make_tiny_checkpoint(root / "target", arch="llama", seed=seed, num_hidden_layers=num_layers)
+    weights = load_file(str(target / "model.safetensors"))
+    for i in range(draft_layers, num_layers):
+        for name in (f"model.layers.{i}.self_attn.o_proj.weight", f"model.layers.{i}.mlp.down_proj.weight"):
+            weights[name] = torch.zeros_like(weights[name])
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    draft = root / "draft"
+    shutil.copytree(target, draft, dirs_exist_ok=True)
+    kept = {k: v for k, v in weights.items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < draft_layers}
+    save_file(kept, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((draft / "config.json").read_text())
+    config["num_hidden_layers"] = draft_layers
+    (draft / "config.json").write_text(json.dumps(config, indent=2))
+    return target, draft
