@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from specserve.bench import shapes
-from specserve.bench.engines import (GenerationRun, ModelCache, free_device_memory, random_prompts,
+from specserve.bench.engines import (GenerationRun, ModelCache, random_prompts,
                                      run_generation)
 from specserve.engine.core import EngineCore
 from specserve.engine.spec_control import KController
@@ -369,11 +369,6 @@ def build_core(cache: ModelCache, target: str, draft: Optional[str], s: Adaptive
     return cache.core(target, draft, s.k_max if draft else 0, kv_blocks(s), "dummy",
                       max_num_seqs=max_seqs, max_num_batched_tokens=s.token_budget,
                       speculative_k="adaptive")
-
-
-def drop(core: Optional[EngineCore], device: torch.device) -> None:
-    del core
-    free_device_memory(device)
 
 
 def _fmt(x: Optional[float]) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specserve.bench import shapes
-from specserve.bench.engines import ModelCache, random_prompts
+from specserve.bench.engines import ModelCache, free_device_memory, random_prompts
 from specserve.engine.types import SamplingParams
 
 
@@ -165,8 +165,8 @@ def main() -> None:
         print(f"[profile] engine {flavour} ready in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         for b in args.batch:
             profile_core(core, flavour, b, args.steps, out)
-        del core
-        torch.cuda.empty_cache()
+        core = None                   # the last reference; frozen engines are unfrozen here
+        free_device_memory(torch.device("cuda"))
     if "sampler" not in skip:
         profile_sampler(out, args.steps)
 

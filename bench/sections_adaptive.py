@@ -15,7 +15,7 @@ from typing import Optional
 from specserve.bench import adaptive as ad
 from specserve.bench import shapes
 from specserve.bench.context import BenchContext
-from specserve.bench.engines import ModelCache
+from specserve.bench.engines import ModelCache, free_device_memory
 from specserve.bench.report import MET, Column, Section, at_least, is_met
 
 GOAL_PLAIN, GOAL_FIXED, GOAL_RAMP = 0.97, 0.95, 1.0
@@ -89,9 +89,9 @@ def adaptive(ctx: BenchContext) -> Section:
             ctx.log(f"adaptive: {label} FAILED: {type(e).__name__}: {e}")
             data["errors"][pair] = f"{type(e).__name__}: {e}"
         finally:
-            ad.drop(core, ctx.device)
-            core = None
-    ad.drop(plain_core, ctx.device)
+            core = None                      # the last reference: then it can be collected
+            free_device_memory(ctx.device)
+    plain_core = None
     cache.release()
     rows = _rows(data, s)
     data["acceptance"] = _acceptance(data, s)

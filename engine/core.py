@@ -46,9 +46,6 @@ class EngineCore:
         self.info: EngineInfo = self.models.info
         self.tokenizer = self.models.tokenizer
         info = self.info
-        self.kv = KVCacheManager(info.num_kv_blocks, info.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens,
-                                                   info.max_model_len, info.num_speculative_tokens), self.kv)
         self.runner = self.models.runner
         self._parents: dict[str, _Parent] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -60,7 +57,8 @@ class EngineCore:
         # requests; the k controller, built next, learns nothing from them
         self.spec_control: Optional[SpecControl] = None
         self.decode_ahead: Optional[DecodeAhead] = None
-        run_startup_traffic(self)
+        self._fresh_cache_and_scheduler()
+        self._startup_traffic()
         ahead = config.async_scheduling and DecodeAhead.supported(self.runner)
         self.spec_control = _spec_control(config, info, self.runner, ahead)
         if ahead:
@@ -68,6 +66,27 @@ class EngineCore:
                                             self.spec_control)
         if self.runner.device.type == "cuda":
             watch_compiles(_report_late_compile)
+
+    def _fresh_cache_and_scheduler(self) -> None:
+        config, info = self.config, self.info
+        self.kv = KVCacheManager(info.num_kv_blocks, info.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   info.max_model_len, info.num_speculative_tokens), self.kv)
+
+    def _startup_traffic(self) -> None:
+        """Synthetic requests first (CUDA): their compiles at start-up, not in the first real
+        ones. Best effort: a failure is logged and start-up goes on. Then a fresh KV manager and
+        scheduler, so that no prefix-cache entry of theirs survives (the adaptive calibration,
+        next, writes blocks no request owns) and the first real request meets a cold engine."""
+        try:
+            ran = run_startup_traffic(self)
+        except Exception:   # noqa: BLE001 (a warm-up must not keep the server from starting)
+            log.exception("start-up traffic failed; serving without it (first requests may wait "
+                          "for kernel compiles)")
+            self.fail_all("start-up traffic failed")
+            ran = 1
+        if ran:
+            self._fresh_cache_and_scheduler()
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:

@@ -28,12 +28,17 @@ log = logging.getLogger("specserve.engine")
 GEN0_THRESHOLD = 50_000
 
 
+_threshold_before: list[tuple[int, int, int]] = []   # as settle_after_startup found it, once
+
+
 def settle_after_startup() -> int:
     """Collect, freeze everything alive now, and raise the youngest threshold (never lowers a
     larger one). Returns the number of objects frozen."""
     gc.collect()
     gc.freeze()
     gen0, gen1, gen2 = gc.get_threshold()
+    if not _threshold_before:
+        _threshold_before.append((gen0, gen1, gen2))
     gc.set_threshold(max(gen0, GEN0_THRESHOLD), gen1, gen2)
     frozen = gc.get_freeze_count()
     log.info("garbage collector: %d start-up objects frozen out of its passes; youngest-generation "
@@ -42,6 +47,9 @@ def settle_after_startup() -> int:
 
 
 def unfreeze() -> None:
-    """Give frozen objects back to the collector (before dropping an engine whose reference
-    cycles should be collected)."""
+    """Give frozen objects back to the collector and restore the threshold found by the first
+    ``settle_after_startup`` (before dropping an engine whose reference cycles should be
+    collected)."""
     gc.unfreeze()
+    if _threshold_before:
+        gc.set_threshold(*_threshold_before.pop())

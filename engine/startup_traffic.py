@@ -11,7 +11,8 @@ some arriving while the others decode; half greedy, half sampled, each seeded so
 own seed stream is untouched) and steps until all finish. It runs before the k controller exists
 (so speculation drafts at k_max and nothing is learnt from these requests) and before any
 listener or metric sees a step. Everything they took comes back: their KV blocks are freed (the
-prompts stay in the prefix cache as reusable, evictable blocks).
+caller then starts from a fresh KV manager and scheduler: nothing of these requests stays in the
+prefix cache, whose blocks the adaptive calibration is free to overwrite next).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from specserve.engine.errors import CapacityError
-from specserve.engine.types import SamplingParams
+from specserve.engine.types import ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from specserve.engine.core import EngineCore
@@ -46,8 +46,11 @@ def run_startup_traffic(core: EngineCore, cuda_only: bool = True) -> int:
     t0 = time.monotonic()
     info = core.info
     vocab = min(info.vocab_size, len(core.tokenizer))
-    out_len = 2 * (info.num_speculative_tokens + 1) + 2
-    longest = max(2, min(_MAX_PROMPT, info.max_model_len - out_len - info.num_speculative_tokens - 1))
+    k = info.num_speculative_tokens
+    out_len = min(2 * (k + 1) + 2, info.max_model_len - k - 3)   # a context this short: fewer
+    longest = min(_MAX_PROMPT, info.max_model_len - out_len - k - 1)
+    if out_len < 1 or longest < 2:
+        return 0
     rng = random.Random(20261125)
     steps = sent = 0
     for n in wave_sizes(core.config.max_num_seqs):
@@ -75,6 +78,6 @@ def _send(core: EngineCore, rid: str, rng: random.Random, vocab: int, longest: i
                             ignore_eos=True, seed=i)
     try:
         core.add_request(rid, prompt, params)
-    except CapacityError:   # a cache too small for this prompt: the wave goes on without it
+    except ParamError:   # a cache too small for this prompt (CapacityError): the wave goes on
         return 0
     return 1

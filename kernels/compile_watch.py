@@ -14,8 +14,9 @@ from typing import Callable
 
 def watch_compiles(report: Callable[[str, float], None]) -> bool:
     """From now on call ``report(kernel, seconds)`` after every Triton compile in this process
-    (a variant new to this process: compiled, or loaded from Triton's disk cache). Replaces an
-    earlier watch. False where this Triton has no compile hooks."""
+    (a variant new to this process: compiled, or loaded from Triton's disk cache). Hooks set
+    before it keep running; an earlier watch is replaced. False where this Triton has no
+    compile hooks."""
     try:
         from triton import knobs
     except ImportError:
@@ -23,16 +24,26 @@ def watch_compiles(report: Callable[[str, float], None]) -> bool:
     runtime = getattr(knobs, "runtime", None)
     if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
         return False
-    started: dict[str, float] = {}
+    started: dict[tuple[str, str], float] = {}
+    # hooks installed before ours (another library's, or an earlier watch's) still run
+    prev_before, prev_after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    while getattr(prev_before, "_watch_previous", None) is not None:   # an earlier watch: unwrap
+        prev_before, prev_after = prev_before._watch_previous
+
+    def ident(kw: dict) -> tuple[str, str]:   # the key alone is the specialisation, not the kernel
+        return getattr(kw.get("fn"), "name", "?"), str(kw.get("key"))
 
     def before(**kw) -> bool:
-        started[str(kw.get("key"))] = time.perf_counter()
-        return False   # go on and compile
+        started[ident(kw)] = time.perf_counter()
+        return bool(prev_before(**kw)) if prev_before is not None else False   # False: compile
 
     def after(**kw) -> None:
-        t0 = started.pop(str(kw.get("key")), None)
+        t0 = started.pop(ident(kw), None)
         report(describe(kw), time.perf_counter() - t0 if t0 is not None else 0.0)
+        if prev_after is not None:
+            prev_after(**kw)
 
+    before._watch_previous = (prev_before, prev_after)   # type: ignore[attr-defined]
     runtime.jit_cache_hook = before
     runtime.jit_post_compile_hook = after
     return True

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from specserve.bench import adaptive as ad, shapes
-from specserve.bench.engines import ModelCache, random_prompts
+from specserve.bench.engines import ModelCache, free_device_memory, random_prompts
 
 
 def main() -> None:
@@ -46,7 +46,8 @@ def main() -> None:
     for pair in a.pairs.split(","):
         core = ad.build_core(cache, dirs["target"], None if pair == "none" else dirs[pair], s)
         run_cells(core, s, a.repeats, pair, res)
-        ad.drop(core, cache.device)
+        core = None   # the last reference, so that the engine is freed before the next one
+        free_device_memory(cache.device)
     (out / "decisions.json").write_text(json.dumps(res))
 
 

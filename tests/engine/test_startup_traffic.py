@@ -28,3 +28,37 @@ def test_startup_traffic_ends_clean_and_leaves_later_outputs_unchanged(make_llm,
         want = [o.outputs[0].token_ids for o in cold.generate(batch, params)]
         got = [o.outputs[0].token_ids for o in warmed.generate(batch, params)]
         assert got == want
+
+
+@pytest.fixture
+def traffic_on_cpu(monkeypatch):
+    """EngineCore runs its start-up traffic on CPU too; yields the steps each run took."""
+    import specserve.engine.core as core_mod
+
+    steps: list[int] = []
+
+    def run(core):
+        steps.append(run_startup_traffic(core, cuda_only=False))
+        return steps[-1]
+
+    monkeypatch.setattr(core_mod, "run_startup_traffic", run)
+    return steps
+
+
+def test_an_engine_starts_cold_after_its_startup_traffic(make_llm, traffic_on_cpu) -> None:
+    """Adaptive k calibrates next, writing blocks no request owns: no prefix-cache entry of the
+    start-up requests may survive into serving (one did, and a replayed start-up prompt then
+    read the calibration's KV)."""
+    llm = make_llm("llama", draft_model="qwen2", num_speculative_tokens=3, max_num_seqs=8,
+                   num_kv_blocks=22, max_model_len=256, speculative_k="adaptive")
+    assert traffic_on_cpu and traffic_on_cpu[0] > 0
+    pool = llm.core.kv.pool
+    assert not pool.cached and pool.num_free == llm.core.kv.num_blocks
+    assert_engine_clean(llm.core)
+
+
+def test_a_context_too_short_for_the_traffic_still_starts(make_llm, traffic_on_cpu) -> None:
+    llm = make_llm("llama", draft_model="qwen2", num_speculative_tokens=3, max_model_len=11)
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    assert_engine_clean(llm.core)

@@ -19,6 +19,7 @@ def test_settle_freezes_what_exists_and_raises_only_the_youngest_threshold() -> 
         assert gc.get_threshold()[0] == 10 * heap.GEN0_THRESHOLD   # a larger setting is kept
         heap.unfreeze()
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == (700, 11, 13)   # as the first settle found it
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)

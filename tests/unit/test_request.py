@@ -75,3 +75,16 @@ def test_spec_decode_stats():
     t.merge(s)
     assert t.accepted_per_pos == [3, 2, 1, 1] and t.num_drafts == 3
     assert t.as_dict()["acceptance_length"] == pytest.approx(1 + 7 / 3)
+
+
+def test_request_times_copy_carries_every_field() -> None:
+    """RequestTimes.copy (a direct constructor, cheaper than dataclasses.replace) must not drop a
+    field added later."""
+    import dataclasses
+
+    from specserve.engine.types import RequestTimes
+
+    t = RequestTimes(*[float(i + 1) for i in range(len(dataclasses.fields(RequestTimes)))])
+    c = t.copy()
+    assert c == t and c is not t
+    assert all(getattr(c, f.name) == getattr(t, f.name) for f in dataclasses.fields(RequestTimes))
