@@ -121,7 +121,18 @@ class _Rates:
 
 
 class AcceptanceModel:
-    """Conditional acceptance per position, per temperature bucket and per request."""
+    """Conditional acceptance per position, per temperature bucket and per request.
+
+    A request's own estimate goes stale: once STALE_STEPS steps (``tick``) pass without a
+    verification of its drafts, it is dropped and the request reads its bucket's estimate
+    again, and the next time after twice as many steps. A request's estimate is what put it
+    at k = 0, and at k = 0 nothing verifies it again: on the CPU machine a demo-pair request
+    whose first verifications (the start of a generation is the least predictable part) read
+    0.6 at position 1 sat at k = 0 for a hundred steps while its bucket read 0.92 and fixed
+    k = 4 ran 1.46x plain. The doubling bounds what a request really worse than its bucket
+    costs: one retry after 32, 64, 128, ... steps."""
+
+    STALE_STEPS = 32
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
                  shared_rate: float = 0.02, request_rate: float = 0.05):
@@ -131,29 +142,48 @@ class AcceptanceModel:
         self.shared = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True)
                        for _ in TEMPERATURE_BUCKETS]
         self.per_request: dict[str, _Rates] = {}
+        self.steps = 0                              # controller steps so far (``tick``)
+        self._last_verified: dict[str, int] = {}    # request id -> step of its last record
+        self._stale_after: dict[str, int] = {}      # request id -> steps before its own goes stale
+
+    def tick(self) -> None:
+        """One controller step has passed."""
+        self.steps += 1
 
     def record(self, request_id: str, bucket: int, k: int, accepted: int) -> None:
         if k <= 0:
             return
         shared = self.shared[bucket]
         shared.update(k, accepted)
+        self._last_verified[request_id] = self.steps
         own = self.per_request.get(request_id)
         if own is None:   # a request's prior: its bucket's estimate, worth prior_weight outcomes
             own = self.per_request[request_id] = _Rates(self.k_max, shared.rates(), self.prior_weight,
                                                         self.request_rate)
         own.update(k, accepted, shared.rates())
 
-    def rates(self, request_id: str, bucket: int) -> list[float]:
+    def _estimate(self, request_id: str, bucket: int) -> _Rates:
         own = self.per_request.get(request_id)
-        return list((own or self.shared[bucket]).rates())   # a copy: the estimates cache theirs
+        if own is None:
+            return self.shared[bucket]
+        after = self._stale_after.get(request_id, self.STALE_STEPS)
+        if self.steps - self._last_verified.get(request_id, self.steps) > after:
+            del self.per_request[request_id]
+            self._stale_after[request_id] = 2 * after
+            return self.shared[bucket]
+        return own
+
+    def rates(self, request_id: str, bucket: int) -> list[float]:
+        return list(self._estimate(request_id, bucket).rates())   # a copy: estimates cache theirs
 
     def table(self, request_id: str, bucket: int) -> list[float]:
         """E(0..k_max) for this request (cached until its estimates change)."""
-        own = self.per_request.get(request_id)
-        return (own or self.shared[bucket]).table()
+        return self._estimate(request_id, bucket).table()
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)
+        self._last_verified.pop(request_id, None)
+        self._stale_after.pop(request_id, None)
 
     def snapshot(self) -> dict:
         return {name: {"rates": [round(r, 4) for r in s.rates()], "samples": list(s.count)}
@@ -620,6 +650,7 @@ class SpecControl:
         ``unread``: tokens each request has sampled that its token list does not hold yet
         (decode-ahead plans a step before the previous one is read)."""
         ctl = self.controller
+        ctl.acceptance.tick()
         if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
             for s in scheduled:
                 if s.samples:

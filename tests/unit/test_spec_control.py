@@ -54,6 +54,52 @@ def test_a_request_starts_from_its_bucket_and_moves_on_its_own():
     assert acc.rates("bad", 0) == acc.shared[0].rates()
 
 
+def test_a_requests_own_estimate_goes_stale_at_k_zero_and_the_next_time_later() -> None:
+    acc = AcceptanceModel(K)
+    for _ in range(100):
+        acc.record("others", 0, K, K)                # the bucket: every draft accepted
+    for _ in range(3):
+        acc.record("unlucky", 0, K, 0)               # a start of rejections
+    low = acc.rates("unlucky", 0)[0]
+    assert low < 0.75 < acc.shared[0].rates()[0]
+    for _ in range(AcceptanceModel.STALE_STEPS):     # at k = 0: no verification
+        acc.tick()
+    assert acc.rates("unlucky", 0)[0] == low          # not yet stale
+    acc.tick()
+    assert acc.rates("unlucky", 0) == acc.shared[0].rates()
+    acc.record("unlucky", 0, K, 0)                   # drafted again and rejected again
+    for _ in range(AcceptanceModel.STALE_STEPS + 1):
+        acc.tick()
+    assert acc.rates("unlucky", 0)[0] < 0.9          # twice as many steps this time
+    for _ in range(AcceptanceModel.STALE_STEPS):
+        acc.tick()
+    assert acc.rates("unlucky", 0) == acc.shared[0].rates()
+    acc.forget("unlucky")
+    assert not acc._stale_after and "unlucky" not in acc._last_verified
+
+
+def test_a_request_held_at_zero_by_its_first_rejections_drafts_again_once_they_are_stale() -> None:
+    """CPU costs of the demo pair at batch 1 (k = 0: 3.8 ms; a draft pass 2.1 ms) and its
+    greedy bucket (0.92 at position 1, ~0.98 beyond): a request whose first verifications were
+    rejections sat at k = 0 for a hundred steps while fixed k = 4 ran 1.46x plain."""
+    cal = Calibration([1, 16], [1, 5], [[0.0038, 0.0040], [0.0050, 0.0070]], [0.0021, 0.0030])
+    ctl = KController(K, "adaptive", CostModel(cal))
+    rng = random.Random(0)
+    for _ in range(60):
+        ctl.acceptance.record("earlier", 0, K, next(j for j in range(K + 1)
+                                                    if j == K or rng.random() > (0.92 if j == 0 else 0.98)))
+    row = Row("r", 0, K)
+    ctl.acceptance.tick()
+    assert ctl.decide([row]).k == K
+    for _ in range(4):
+        ctl.acceptance.record("r", 0, K, 0)
+    ks = []
+    for _ in range(3 * AcceptanceModel.STALE_STEPS):
+        ctl.acceptance.tick()
+        ks.append(ctl.decide([row]).k)
+    assert ks[0] == 0 and ks[-1] > 0
+
+
 def _decide(ctl: KController, batch: int) -> int:
     d = ctl.decide([Row(f"r{i}", 0, K) for i in range(batch)])
     return d.k
