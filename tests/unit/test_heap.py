@@ -12,7 +12,8 @@ def test_settle_freezes_what_exists_and_raises_only_the_youngest_threshold() -> 
         gc.set_threshold(700, 11, 13)
         long_lived = [object() for _ in range(1000)]   # noqa: F841 (alive across the freeze)
         frozen = heap.settle_after_startup()
-        assert frozen == gc.get_freeze_count() >= 1000
+        # (other threads' frozen objects may be freed meanwhile: the count can only shrink)
+        assert frozen >= 1000 and 0 < gc.get_freeze_count() <= frozen
         assert gc.get_threshold() == (heap.GEN0_THRESHOLD, 11, 13)
         gc.set_threshold(10 * heap.GEN0_THRESHOLD, 11, 13)
         heap.settle_after_startup()
