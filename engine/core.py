@@ -53,9 +53,7 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
-        # synthetic requests first (CUDA): their compiles at start-up, not in the first real
-        # requests; the k controller, built next, learns nothing from them
-        self.spec_control: Optional[SpecControl] = None
+        self.spec_control: Optional[SpecControl] = None   # built after the start-up traffic
         self.decode_ahead: Optional[DecodeAhead] = None
         self._fresh_cache_and_scheduler()
         self._startup_traffic()
@@ -79,14 +77,13 @@ class EngineCore:
         scheduler, so that no prefix-cache entry of theirs survives (the adaptive calibration,
         next, writes blocks no request owns) and the first real request meets a cold engine."""
         try:
-            ran = run_startup_traffic(self)
+            if not run_startup_traffic(self):
+                return   # nothing ran (CPU, tensor parallel, a context too short)
         except Exception:   # noqa: BLE001 (a warm-up must not keep the server from starting)
             log.exception("start-up traffic failed; serving without it (first requests may wait "
                           "for kernel compiles)")
             self.fail_all("start-up traffic failed")
-            ran = 1
-        if ran:
-            self._fresh_cache_and_scheduler()
+        self._fresh_cache_and_scheduler()
 
     # ---- admission ---------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:

@@ -167,7 +167,7 @@ class AcceptanceModel:
         if own is None:
             return self.shared[bucket]
         after = self._stale_after.get(request_id, self.STALE_STEPS)
-        if self.steps - self._last_verified.get(request_id, self.steps) > after:
+        if self.steps - self._last_verified[request_id] > after:   # own exists: it recorded
             del self.per_request[request_id]
             self._stale_after[request_id] = 2 * after
             return self.shared[bucket]

@@ -55,29 +55,29 @@ def run_startup_traffic(core: EngineCore, cuda_only: bool = True) -> int:
     steps = sent = 0
     for n in wave_sizes(core.config.max_num_seqs):
         late = n // 4                       # arrive while the first ones decode: mixed steps
-        ids = [f"startup-{n}-{i}" for i in range(n)]
-        for rid in ids[:n - late]:
-            sent += _send(core, rid, rng, vocab, longest, out_len)
+        for i in range(n - late):
+            sent += _send(core, n, i, rng, vocab, longest, out_len)
         waited = 0
         while core.has_unfinished():
             core.step()
             steps += 1
             waited += 1
             if waited == 2:
-                for rid in ids[n - late:]:
-                    sent += _send(core, rid, rng, vocab, longest, out_len)
+                for i in range(n - late, n):
+                    sent += _send(core, n, i, rng, vocab, longest, out_len)
     log.info("start-up traffic: %d requests in waves of %s, %d steps in %.1fs", sent,
              wave_sizes(core.config.max_num_seqs), steps, time.monotonic() - t0)
     return steps
 
 
-def _send(core: EngineCore, rid: str, rng: random.Random, vocab: int, longest: int, out_len: int) -> int:
-    i = int(rid.rsplit("-", 1)[1])
+def _send(core: EngineCore, wave: int, i: int, rng: random.Random, vocab: int, longest: int,
+          out_len: int) -> int:
+    """Add request ``i`` of the wave of ``wave`` requests; 1 if admitted, 0 if refused."""
     prompt = [rng.randrange(vocab) for _ in range(rng.randint(2, longest))]
     params = SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0, max_tokens=out_len,
                             ignore_eos=True, seed=i)
     try:
-        core.add_request(rid, prompt, params)
+        core.add_request(f"startup-{wave}-{i}", prompt, params)
     except ParamError:   # a cache too small for this prompt (CapacityError): the wave goes on
         return 0
     return 1

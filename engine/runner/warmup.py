@@ -55,7 +55,8 @@ def warm_up_eager(runner, rows: int, cuda_only: bool = True) -> int:
     if runner.draft is not None:
         models.append("draft")
     count = 0
-    for n_reqs, length in eager_shapes(rows):
+    shapes = eager_shapes(rows)
+    for n_reqs, length in shapes:
         length = min(length, room)
         blocks = list(range(-(-(length + 1) // bs)))
         for which in models:
@@ -69,6 +70,6 @@ def warm_up_eager(runner, rows: int, cuda_only: bool = True) -> int:
             for batch in batches:
                 runner._forward(which, batch)
                 count += 1
-    log.info("warmed up the eager forward at %d shapes (%s) in %.1fs", len(eager_shapes(rows)),
+    log.info("warmed up the eager forward at %d shapes (%s) in %.1fs", len(shapes),
              " + ".join(models) or "none", time.monotonic() - t0)
     return count
