@@ -42,9 +42,6 @@ import triton.language as tl
 from specserve.kernels.pdl import launch_options, pdl_begin
 
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
-# With PDL, load the first weight tiles before waiting on the kernel before (see _gemv_kernel).
-# SPECSERVE_GEMV_PREFETCH=0 turns it off (to time what it gains).
-PREFETCH_TILES = os.environ.get("SPECSERVE_GEMV_PREFETCH", "1") != "0"
 MODES = ("late", "step", "dot")
 
 __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "silu_mul_linear", "silu_mul",
@@ -218,22 +215,17 @@ def _load_x(x_base, kk, mask, K, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_base, kk, K, EVEN_K: tl.constexpr):
-    """One [BN, BK] weight tile (columns past K read as 0)."""
+def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
+    """Add one K tile's products to ``acc`` ([BN, BM] for "dot", [BM, BN, BK] for "late",
+    [BM, BN] for "step")."""
     if EVEN_K:
-        return tl.load(w_base + kk[None, :])
-    return tl.load(w_base + kk[None, :], mask=kk[None, :] < K, other=0.0)
-
-
-@triton.jit
-def _accumulate_tile(acc, w, x_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
-                     PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
-    """Add the products of weight tile ``w`` (K columns ``kk``) and x's matching tile to ``acc``
-    ([BN, BM] for "dot", [BM, BN, BK] for "late", [BM, BN] for "step")."""
-    if EVEN_K:
+        w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
         x = _load_x(x_base, kk, m_ok, K, SILU_MUL)                                 # [BM, BK]
     else:
-        x = _load_x(x_base, kk, m_ok & (kk[None, :] < K), K, SILU_MUL)  # past K: nothing
+        k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
+        w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
+        x = _load_x(x_base, kk, m_ok & k_ok, K, SILU_MUL)
     if MODE == "dot":
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)              # [BN, BM]
     else:
@@ -246,28 +238,17 @@ def _accumulate_tile(acc, w, x_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl
 
 
 @triton.jit
-def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
-                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
-    """One K tile: load its weights, add its products to ``acc``."""
-    w = _load_w(w_base, kk, K, EVEN_K)                                             # [BN, BK]
-    return _accumulate_tile(acc, w, x_base, m_ok, kk, K, EVEN_K, MODE, PRECISION, SILU_MUL)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om, stride_os,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
-    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`).
-    ``PREFETCH`` (0-2, only with ``PDL``): the slice's first weight tiles are loaded before the
-    wait on the kernel before (weights are never written), so this kernel streams weights while
-    that one finishes."""
+    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`)."""
+    pdl_begin(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -280,31 +261,20 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
     x_base = x_ptr + offs_m[:, None] * stride_xm                        # [BLOCK_M, 1]
     m_ok = offs_m[:, None] < M
     k_lo = pid_k * k_per_split
-    if PREFETCH >= 1:
-        w0 = _load_w(w_base, k_lo + offs_k, K, EVEN_K)
-    if PREFETCH >= 2:
-        w1 = _load_w(w_base, k_lo + BLOCK_K + offs_k, K, EVEN_K)
-    pdl_begin(PDL)   # x, the bias and the output wait for the kernel before
     if MODE == "dot":
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     elif MODE == "late":
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if PREFETCH >= 1:
-        acc = _accumulate_tile(acc, w0, x_base, m_ok, k_lo + offs_k, K, EVEN_K, MODE, PRECISION,
-                               SILU_MUL)
-    if PREFETCH >= 2:
-        acc = _accumulate_tile(acc, w1, x_base, m_ok, k_lo + BLOCK_K + offs_k, K, EVEN_K, MODE,
-                               PRECISION, SILU_MUL)
     if WHILE_LOOP:  # the CPU interpreter cannot run `range` to a runtime bound
-        k0 = PREFETCH * BLOCK_K
+        k0 = 0
         while k0 < k_per_split:
             acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
                               PRECISION, SILU_MUL)
             k0 += BLOCK_K
     else:
-        for k0 in tl.range(PREFETCH * BLOCK_K, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+        for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
             acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
                               PRECISION, SILU_MUL)
     if MODE == "dot":
@@ -378,10 +348,9 @@ def _rows(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            cfg: GemvConfig, silu_mul: bool, prefetch: Optional[int] = None) -> torch.Tensor:
+            cfg: GemvConfig, silu_mul: bool) -> torch.Tensor:
     """The GEMV (and its split-K reduction) on x2 [M, K] (or gate_up [M, 2K] when ``silu_mul``)
-    -> [M, N] in x2's dtype. ``prefetch``: weight tiles loaded before the PDL wait (default: up
-    to two with PDL, none without; tests set it to run that path without PDL)."""
+    -> [M, N] in x2's dtype."""
     m = x2.shape[0]
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)                  # [M, N]
@@ -392,12 +361,6 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
     split = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, cfg.block_n), split)
-    pdl = launch_options(x2)
-    # with PDL, up to two weight tiles per program load before the wait (a slice has
-    # k_per_split / block_k >= 1 tiles; a tile past K is masked, so two are always safe)
-    if prefetch is None:
-        prefetch = 2 if pdl["PDL"] and PREFETCH_TILES else 0
-    prefetch = min(prefetch, k_per_split // block_k)
     b = bias if bias is not None else weight
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
@@ -406,12 +369,13 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                        BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
                        MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                        NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
-                       PREFETCH=prefetch, num_warps=cfg.num_warps, **pdl)
+                       num_warps=cfg.num_warps, **launch_options(x2))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(m, triton.cdiv(n, block))](
             dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4, **pdl)
+            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4,
+            **launch_options(x2))
     return out
 
 

@@ -261,21 +261,3 @@ def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytes
             assert len(calls) == (0 if m <= G.MAX_ROWS else 1), m
     finally:
         backend.set_backend("torch")
-
-
-@pytest.mark.parametrize("mode", G.MODES)
-@pytest.mark.parametrize("k,split", [(100, 1), (100, 3), (256, 2)])
-def test_prefetched_weight_tiles_change_no_bit(mode: str, k: int, split: int) -> None:
-    """With PDL the kernel loads its first one or two weight tiles before the wait and sums them
-    first, in the loop's order: the result equals the plain loop's bit for bit (K = 100: the
-    second tile is partly past K; split 3: slices of one tile, so only one is prefetched)."""
-    cfg = G.GemvConfig(block_n=16, block_k=32, split_k=split, mode=mode)
-    for m in (1, 3, 8):
-        x, w, b = _inputs(m, N, k, bias=m != 3, seed=11)
-        plain = G._launch(x, w, b, cfg, silu_mul=False, prefetch=0)
-        for tiles in (1, 2):
-            got = G._launch(x, w, b, cfg, silu_mul=False, prefetch=tiles)
-            assert torch.equal(got, plain), (m, tiles)
-        gate_up = torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(m))
-        fused = [G._launch(gate_up, w, b, cfg, silu_mul=True, prefetch=t) for t in (0, 2)]
-        assert torch.equal(fused[0], fused[1])

@@ -117,8 +117,7 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
     out = {"out_ptr": "*fp32" if split > 1 else "*bf16"}
     build(G._gemv_kernel, dict(HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                SPLIT_K=split, EVEN_K=True, MODE=mode, PRECISION="tf32",
-                               NUM_STAGES=stages, WHILE_LOOP=False, SILU_MUL=silu_mul, PDL=True,
-                               PREFETCH=1 + split % 2), out)    # with PDL: 1 or 2 tiles first
+                               NUM_STAGES=stages, WHILE_LOOP=False, SILU_MUL=silu_mul), out)
     if split > 1:
-        build(G._split_reduce_kernel, dict(HAS_BIAS=True, SPLIT_K=split, BLOCK=1024, PDL=True),
+        build(G._split_reduce_kernel, dict(HAS_BIAS=True, SPLIT_K=split, BLOCK=1024),
               {"part_ptr": "*fp32"})

@@ -27,10 +27,7 @@ INT_PTRS = {"block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens
 
 
 def _compile(fn, dtype: str, constexprs: dict, num_warps: int = 4) -> int:
-    """Compile ``fn`` for sm_90 with every pointer of ``dtype``, launched with PDL (the GPU's
-    path: kernels/pdl.py); returns the shared memory used."""
-    if "PDL" in fn.arg_names:
-        constexprs = {"PDL": True, **constexprs}
+    """Compile ``fn`` for sm_90 with every pointer of ``dtype``; returns the shared memory used."""
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
