@@ -13,7 +13,6 @@ from specserve.bench.context import BenchContext
 from specserve.bench.options import SECTIONS, BenchOptions
 from specserve.bench.plots import make_plots
 from specserve.bench.report import Section, write_outputs
-from specserve.kernels.pdl import set_enabled as set_pdl
 
 SECTION_FUNCS: dict[str, Callable[[BenchContext], Section]] = {
     "roofline": sections_models.roofline,
@@ -59,7 +58,6 @@ def _run_section(ctx: BenchContext, name: str) -> Section:
 
 def run(opts: BenchOptions, command: str) -> int:
     """Run the requested sections; 0 if none failed (skips are not failures), else 1."""
-    set_pdl(opts.pdl)   # before any engine captures its graphs
     ctx = BenchContext(opts)
     env = environment(ctx.device, command)
     ctx.log(f"specserve bench on {env['device']} -> {ctx.out} (sections: {', '.join(opts.sections)})")

@@ -20,7 +20,6 @@ class BenchOptions:
     dtype: Optional[str] = None             # None: bfloat16 on CUDA, float32 on CPU
     kernel_backend: str = "auto"
     enforce_eager: bool = False
-    pdl: bool = True                        # False: --no-pdl (layer kernels without PDL)
     quick: bool = False
     sections: tuple[str, ...] = DEFAULT_SECTIONS
     seed: int = 0
@@ -130,9 +129,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default="auto",
                    help="auto: Triton on CUDA, the PyTorch reference on CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--no-pdl", dest="pdl", action="store_const", const=False, default=None,
-                   help="layer kernels without programmatic dependent launch (the server's "
-                        "--no-pdl), to time what it gains")
     p.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU smoke run)")
     p.add_argument("--sections", type=_sections, default=DEFAULT_SECTIONS,
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but adaptive)")

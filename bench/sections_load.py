@@ -198,8 +198,6 @@ def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:
             "--seed", str(o.seed), *extra]
     if o.enforce_eager:
         argv.append("--enforce-eager")
-    if not o.pdl:
-        argv.append("--no-pdl")
     return argv, desc
 
 

@@ -106,7 +106,6 @@ class EngineConfig:
     device: str = "auto"                      # auto | cpu | cuda | cuda:N
     kernel_backend: str = "auto"              # auto | torch | triton
     gemv: bool = True                         # Triton GEMV for linears of 1-8 rows (triton backend)
-    pdl: bool = True                          # programmatic dependent launch of layer kernels (sm_90+)
     seed: int = 0
     # KV cache
     block_size: int = 16

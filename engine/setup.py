@@ -237,7 +237,6 @@ def load_models(config: EngineConfig) -> LoadedModels:
     backend = pick_backend(config.kernel_backend, device)
     set_backend(backend)
     ops.set_gemv(config.gemv)
-    ops.set_pdl(config.pdl)
     spec_cfg = config.speculative
     draft_path = resolve_model_path(spec_cfg.model, "draft") if spec_cfg.enabled else None
     draft_spec = read_model_spec(draft_path) if draft_path else None

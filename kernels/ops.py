@@ -25,12 +25,6 @@ def set_gemv(flag):
     selected().layers.set_gemv(flag)
 
 
-def set_pdl(flag):
-    """Whether the layer kernels launch with programmatic dependent launch on Hopper and later
-    (kernels/pdl.py; ``--no-pdl``: False). Set before CUDA graphs are captured, like set_gemv."""
-    selected().layers.set_pdl(flag)
-
-
 def rms_norm(x, weight, eps):
     return selected().layers.rms_norm(x, weight, eps)
 

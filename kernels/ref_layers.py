@@ -45,10 +45,6 @@ def set_gemv(flag: bool) -> None:
     """The reference has no GEMV: every linear is F.linear either way."""
 
 
-def set_pdl(flag: bool) -> None:
-    """The reference launches no Triton kernels: nothing to overlap."""
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
     x32 = x.float()

@@ -27,8 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.kernels.pdl import launch_options, pdl_begin
-
 _MIN_TOKENS_PER_SPLIT = 128
 
 
@@ -103,10 +101,9 @@ def _paged_attention_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context."""
-    pdl_begin(PDL)
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -168,13 +165,12 @@ def _paged_attention_kernel(
 def _merge_splits_kernel(
     ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
 
     Every split of an owned row wrote its (m, l, acc), an empty share as m = -inf; rows past the
     last request's queries (batch padding) were never written and come out as zeros."""
-    pdl_begin(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS)
@@ -273,11 +269,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
         NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(),
-        num_warps=4 if rows <= 64 else 8, **launch_options(q),
+        num_warps=4 if rows <= 64 else 8,
     )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             ws_acc, ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits,
-            **launch_options(q))
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits)
     return out

@@ -39,8 +39,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specserve.kernels.pdl import launch_options, pdl_begin
-
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
 MODES = ("late", "step", "dot")
 
@@ -243,12 +241,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, PDL: tl.constexpr):
+                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
     gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`)."""
-    pdl_begin(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -295,10 +292,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
 
 @triton.jit
 def _split_reduce_kernel(part_ptr, b_ptr, out_ptr, N, stride_ps, stride_pm, stride_om,
-                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
+                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[m, n] = round(sum_s part[s, m, n] (in order s = 0, 1, ...) + bias[n])."""
-    pdl_begin(PDL)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -369,13 +364,12 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                        BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
                        MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                        NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
-                       num_warps=cfg.num_warps, **launch_options(x2))
+                       num_warps=cfg.num_warps)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(m, triton.cdiv(n, block))](
             dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4,
-            **launch_options(x2))
+            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4)
     return out
 
 

@@ -15,14 +15,12 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_gemv
-from specserve.kernels.pdl import launch_options, pdl_begin
-from specserve.kernels.pdl import set_enabled as set_pdl
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
 
-__all__ = ["linear", "set_gemv", "set_pdl", "rms_norm", "add_rms_norm", "apply_rotary",
-           "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
+__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
+           "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -43,9 +41,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, hidden,
                      stride_x, stride_res, stride_out, stride_res_out,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
     """One row per program: [res_out =] x (+ res); out = w * round(norm(x (+ res)))."""
-    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     ok = offs < hidden
@@ -75,7 +72,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     block = triton.next_power_of_2(hidden)
     _rms_norm_kernel[(num_rows,)](x, x, weight, out, out, eps, hidden, x.stride(0), 0,
                                   out.stride(0), 0, HAS_RESIDUAL=False, BLOCK_H=block,
-                                  num_warps=_norm_warps(block), **launch_options(x))
+                                  num_warps=_norm_warps(block))
     return out
 
 
@@ -91,8 +88,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     block = triton.next_power_of_2(hidden)
     _rms_norm_kernel[(num_rows,)](x, residual, weight, out, new_res, eps, hidden, x.stride(0),
                                   residual.stride(0), out.stride(0), new_res.stride(0),
-                                  HAS_RESIDUAL=True, BLOCK_H=block, num_warps=_norm_warps(block),
-                                  **launch_options(x))
+                                  HAS_RESIDUAL=True, BLOCK_H=block, num_warps=_norm_warps(block))
     return out, new_res
 
 
@@ -126,8 +122,7 @@ def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, cos, sin, offs_i,
 def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, num_q_heads, num_kv_heads,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
                    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                   QH_PAD: tl.constexpr, KH_PAD: tl.constexpr, PDL: tl.constexpr):
-    pdl_begin(PDL)
+                   QH_PAD: tl.constexpr, KH_PAD: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     _rotate_heads(q_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin, offs_i, HALF, QH_PAD)
@@ -152,14 +147,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         q, k, positions, cache, q.shape[1], k.shape[1], q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), cache.stride(0), HALF=half,
         HALF_PAD=triton.next_power_of_2(half), QH_PAD=triton.next_power_of_2(q.shape[1]),
-        KH_PAD=triton.next_power_of_2(k.shape[1]), num_warps=4, **launch_options(q))
+        KH_PAD=triton.next_power_of_2(k.shape[1]), num_warps=4)
     return q, k
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
-    pdl_begin(PDL)
+def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
@@ -178,7 +171,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(num_rows, triton.cdiv(inter, block))](
-        x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4, **launch_options(x))
+        x, out, inter, x.stride(0), out.stride(0), BLOCK=block, num_warps=4)
     return out
 
 
@@ -201,8 +194,7 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_kv_he
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                      HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                     HEADS_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr):
-    pdl_begin(PDL)
+                     HEADS_PAD: tl.constexpr, D_PAD: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -235,8 +227,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), HEAD_DIM=head_dim,
         BLOCK_SIZE=k_cache.shape[1], HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        D_PAD=triton.next_power_of_2(head_dim), num_warps=1 if num_kv_heads * head_dim <= 256 else 4,
-        **launch_options(k))
+        D_PAD=triton.next_power_of_2(head_dim), num_warps=1 if num_kv_heads * head_dim <= 256 else 4)
 
 
 @triton.jit
@@ -285,9 +276,8 @@ def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_
                                HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                                HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
                                TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
-                               BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
+                               BLOCK_SIZE: tl.constexpr):
     """One token per program: q -> q_out; k -> k cache and v -> v cache at the token's slot."""
-    pdl_begin(PDL)
     token = tl.program_id(0).to(tl.int64)
     cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     row = qkv_ptr + token * stride_qkv
@@ -332,6 +322,5 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
         HAS_NORM=has_norm, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), HALF=half,
         HALF_PAD=triton.next_power_of_2(max(half, 1)), TAIL=tail,
         TAIL_PAD=triton.next_power_of_2(max(tail, 1)), QH_PAD=triton.next_power_of_2(num_heads),
-        KH_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1], num_warps=4,
-        **launch_options(qkv))
+        KH_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1], num_warps=4)
     return q

@@ -97,10 +97,6 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-gemv", dest="gemv", action="store_false", default=d.gemv,
                    help="linears of 1-8 rows (decode) use cuBLAS instead of the Triton GEMV "
                         "(kernels/triton_gemv.py); only matters with the triton backend")
-    g.add_argument("--no-pdl", dest="pdl", action="store_false", default=d.pdl,
-                   help="launch the layer kernels one after another instead of with programmatic "
-                        "dependent launch, which lets each start while the one before drains "
-                        "(kernels/pdl.py; Hopper and later GPUs, triton backend)")
     g.add_argument("--generation-config", default=d.generation_config,
                    help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty, and "
                         "max_new_tokens as the default max_tokens): auto (default) = the model's "
@@ -222,8 +218,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model, tokenizer=args.tokenizer,
         served_model_name=next(iter(served_names(args)), None),
         speculative=_speculative(args), dtype=args.dtype, load_format=args.load_format,
-        device=args.device, kernel_backend=args.kernel_backend, gemv=args.gemv, pdl=args.pdl,
-        seed=args.seed,
+        device=args.device, kernel_backend=args.kernel_backend, gemv=args.gemv, seed=args.seed,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory=parse_size(args.kv_cache_memory),
         gpu_memory_utilization=args.gpu_memory_utilization,
