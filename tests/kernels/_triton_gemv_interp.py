@@ -261,3 +261,60 @@ def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytes
             assert len(calls) == (0 if m <= G.MAX_ROWS else 1), m
     finally:
         backend.set_backend("torch")
+
+
+# --- the RMSNorm before a projection fused into it (rms_norm_linear) ---------------------------
+
+def _two_kernels(x, residual, nw, eps, w, b, cfg):
+    from specserve.kernels import triton_layers
+
+    if residual is None:
+        return G.linear(triton_layers.rms_norm(x, nw, eps), w, b, config=cfg), x
+    h, new_res = triton_layers.add_rms_norm(x, residual, nw, eps)
+    return G.linear(h, w, b, config=cfg), new_res
+
+
+@pytest.mark.parametrize("mode", G.MODES)
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_rms_norm_linear_matches_the_two_kernels(mode: str, split: int, with_residual: bool) -> None:
+    """fp32: the fused launch against add_rms_norm (or rms_norm) then the GEMV, 1e-5 (the sum of
+    squares is added in another order); the new residual bit for bit (the same rounded add, the
+    same inputs); K = 100 with 32-wide tiles: the pre-pass and the slices end inside a tile."""
+    cfg = G.GemvConfig(block_n=16, block_k=32, split_k=split, mode=mode)
+    for m in (1, 4, 8):
+        x, w, b = _inputs(m, N, K, bias=m != 4, seed=21)
+        gen = torch.Generator().manual_seed(m)
+        residual = torch.randn(m, K, generator=gen) if with_residual else None
+        nw = 1 + 0.1 * torch.randn(K, generator=gen)
+        got, got_res = G.rms_norm_linear(x, residual, nw, 1e-6, w, b, config=cfg)
+        want, want_res = _two_kernels(x, residual, nw, 1e-6, w, b, cfg)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(got_res, want_res)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_rms_norm_linear_half_precision_rounds_like_the_norm_kernel(dtype) -> None:
+    """Half precision: the normalised row is rounded to the dtype before the product, as the
+    norm kernel rounds its output. The two paths agree within one rounding of a few elements:
+    2^-7 of the output scale (bf16's unit roundoff is 2^-9)."""
+    cfg = G.GemvConfig(block_n=16, block_k=32, mode="late")
+    x, w, b = _inputs(3, N, K, bias=True, dtype=dtype, seed=4)
+    residual = torch.randn(3, K, generator=torch.Generator().manual_seed(9)).to(dtype)
+    nw = torch.ones(K, dtype=dtype)
+    got, got_res = G.rms_norm_linear(x, residual, nw, 1e-6, w, b, config=cfg)
+    want, want_res = _two_kernels(x, residual, nw, 1e-6, w, b, cfg)
+    assert torch.equal(got_res, want_res)
+    scale = float(want.float().abs().max())
+    torch.testing.assert_close(got.float(), want.float(), atol=scale / 128, rtol=0)
+
+
+def test_rms_norm_linear_declines_what_it_does_not_take() -> None:
+    x, w, b = _inputs(2, N, K, bias=False)
+    nw = torch.ones(K)
+    assert G.rms_norm_linear(x, None, nw, 1e-6, w[:, :K - 1]) is None                  # K mismatch
+    assert G.rms_norm_linear(torch.randn(G.MAX_ROWS + 1, K), None, nw, 1e-6, w) is None  # rows
+    assert G.rms_norm_linear(x, None, nw.half(), 1e-6, w) is None                        # dtype
+    wide = torch.randn(N, G.NORM_MAX_K + 1)
+    assert G.rms_norm_linear(torch.randn(1, G.NORM_MAX_K + 1), None,
+                             torch.ones(G.NORM_MAX_K + 1), 1e-6, wide) is None          # long rows
