@@ -33,15 +33,6 @@ def add_rms_norm(x, residual, weight, eps):
     return selected().layers.add_rms_norm(x, residual, weight, eps)
 
 
-def rms_norm_linear(x, residual, norm_weight, eps, weight, bias=None):
-    """(linear(h, weight, bias), new_residual) where h, new_residual = add_rms_norm(x, residual,
-    norm_weight, eps), or, without a residual, h = rms_norm(x) and new_residual = x. The Triton
-    backend runs it as one GEMV launch for a few rows of a short hidden size (decode in a
-    small model); the normalised rows are rounded the same way, their sum of squares is added
-    in another order."""
-    return selected().layers.rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-
-
 def apply_rotary(q, k, positions, cos_sin_cache):
     return selected().layers.apply_rotary(q, k, positions, cos_sin_cache)
 

@@ -59,16 +59,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm(new_residual, weight, eps), new_residual
 
 
-def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
-                    eps: float, weight: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The norm, then the linear: (linear(h), new_residual), see ops.rms_norm_linear."""
-    if residual is None:
-        return linear(rms_norm(x, norm_weight, eps), weight, bias), x
-    h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
-    return linear(h, weight, bias), new_residual
-
-
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NeoX/Llama rotary embedding (rotate_half: pairs (i, i + R/2)), applied in place.

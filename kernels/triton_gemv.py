@@ -43,7 +43,7 @@ MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
 MODES = ("late", "step", "dot")
 
 __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "silu_mul_linear", "silu_mul",
-           "rms_norm_linear", "enabled", "set_enabled", "interpreting"]
+           "enabled", "set_enabled", "interpreting"]
 
 # The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
 # the engine was started with --no-gemv (engine/setup.py calls ops.set_gemv; every linear is
@@ -213,43 +213,17 @@ def _load_x(x_base, kk, mask, K, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _residual_sum(x_base, r_base, kk, mask, NORM: tl.constexpr):
-    """One [BM, BK] tile of the RMSNorm's input: x, or (NORM == 2) x + residual rounded to the
-    dtype, as triton_layers' add_rms_norm rounds it."""
-    x = tl.load(x_base + kk[None, :], mask=mask, other=0.0)
-    if NORM == 2:
-        r = tl.load(r_base + kk[None, :], mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    return x
-
-
-@triton.jit
-def _load_x_normed(x_base, r_base, nw_ptr, inv, kk, mask, K, NORM: tl.constexpr):
-    """One [BM, BK] tile of rms_norm(x (+ residual)) * weight, rounded like triton_layers'
-    RMSNorm kernel: normalised in fp32, rounded, times the weight, rounded. ``inv``: [BM, 1]."""
-    s = _residual_sum(x_base, r_base, kk, mask, NORM)
-    normed = (s.to(tl.float32) * inv).to(s.dtype).to(tl.float32)
-    w = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    return (normed * w[None, :]).to(s.dtype)
-
-
-@triton.jit
-def _accumulate(acc, x_base, w_base, m_ok, kk, K, r_base, nw_ptr, inv, EVEN_K: tl.constexpr,
-                MODE: tl.constexpr, PRECISION: tl.constexpr, SILU_MUL: tl.constexpr,
-                NORM: tl.constexpr):
+def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
     """Add one K tile's products to ``acc`` ([BN, BM] for "dot", [BM, BN, BK] for "late",
     [BM, BN] for "step")."""
     if EVEN_K:
         w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
-        x_ok = m_ok
+        x = _load_x(x_base, kk, m_ok, K, SILU_MUL)                                 # [BM, BK]
     else:
         k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
         w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
-        x_ok = m_ok & k_ok
-    if NORM > 0:
-        x = _load_x_normed(x_base, r_base, nw_ptr, inv, kk, x_ok, K, NORM)         # [BM, BK]
-    else:
-        x = _load_x(x_base, kk, x_ok, K, SILU_MUL)                                 # [BM, BK]
+        x = _load_x(x_base, kk, m_ok & k_ok, K, SILU_MUL)
     if MODE == "dot":
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)              # [BN, BM]
     else:
@@ -262,49 +236,16 @@ def _accumulate(acc, x_base, w_base, m_ok, kk, K, r_base, nw_ptr, inv, EVEN_K: t
 
 
 @triton.jit
-def _norm_scale(x_base, r_base, ro_base, m_ok, offs_k, K, eps, write_res,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                WHILE_LOOP: tl.constexpr):
-    """The RMSNorm pre-pass over the whole row (every program needs the full sum of squares,
-    split-K slices too): 1 / rms of each row of x (+ residual), [BM, 1]. The program with
-    ``write_res`` also stores the new residual x + residual (NORM == 2)."""
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if WHILE_LOOP:
-        k0 = 0
-        while k0 < K:
-            kk = k0 + offs_k
-            ok = m_ok & (kk[None, :] < K)
-            t = _residual_sum(x_base, r_base, kk, ok, NORM)
-            if NORM == 2:
-                tl.store(ro_base + kk[None, :], t, mask=ok & write_res)
-            tf = t.to(tl.float32)
-            ss += tl.sum(tf * tf, axis=1)
-            k0 += BLOCK_K
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            ok = m_ok & (kk[None, :] < K)
-            t = _residual_sum(x_base, r_base, kk, ok, NORM)
-            if NORM == 2:
-                tl.store(ro_base + kk[None, :], t, mask=ok & write_res)
-            tf = t.to(tl.float32)
-            ss += tl.sum(tf * tf, axis=1)
-    return tl.rsqrt(ss / K + eps)[:, None]
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, nw_ptr, res_out_ptr, M, N, K, k_per_split,
-                 stride_xm, stride_wn, stride_om, stride_os, stride_rm, stride_rom, eps,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
+                 stride_xm, stride_wn, stride_om, stride_os,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
-    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`). ``NORM`` 1:
-    x is first RMS-normalised with weight ``nw_ptr`` (:func:`rms_norm_linear`); 2: x + residual
-    is, and program (0, 0) stores that sum at ``res_out_ptr``."""
+    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -317,13 +258,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, nw_ptr, res_out_ptr, M, 
     x_base = x_ptr + offs_m[:, None] * stride_xm                        # [BLOCK_M, 1]
     m_ok = offs_m[:, None] < M
     k_lo = pid_k * k_per_split
-    r_base = res_ptr + offs_m[:, None] * stride_rm                      # [BLOCK_M, 1]
-    if NORM > 0:
-        inv = _norm_scale(x_base, r_base, res_out_ptr + offs_m[:, None] * stride_rom, m_ok,
-                          offs_k, K, eps, (pid_n == 0) & (pid_k == 0), BLOCK_M, BLOCK_K, NORM,
-                          WHILE_LOOP)
-    else:
-        inv = 1.0
     if MODE == "dot":
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     elif MODE == "late":
@@ -333,13 +267,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, nw_ptr, res_out_ptr, M, 
     if WHILE_LOOP:  # the CPU interpreter cannot run `range` to a runtime bound
         k0 = 0
         while k0 < k_per_split:
-            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, r_base, nw_ptr,
-                              inv, EVEN_K, MODE, PRECISION, SILU_MUL, NORM)
+            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
+                              PRECISION, SILU_MUL)
             k0 += BLOCK_K
     else:
         for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, r_base, nw_ptr,
-                              inv, EVEN_K, MODE, PRECISION, SILU_MUL, NORM)
+            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
+                              PRECISION, SILU_MUL)
     if MODE == "dot":
         acc = tl.trans(acc)                                                        # [BM, BN]
     elif MODE == "late":
@@ -409,11 +343,9 @@ def _rows(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            cfg: GemvConfig, silu_mul: bool, norm: Optional[tuple] = None) -> torch.Tensor:
+            cfg: GemvConfig, silu_mul: bool) -> torch.Tensor:
     """The GEMV (and its split-K reduction) on x2 [M, K] (or gate_up [M, 2K] when ``silu_mul``)
-    -> [M, N] in x2's dtype. ``norm``: (residual [M, K] or None, norm weight [K], eps,
-    residual_out [M, K] or None): x2 is RMS-normalised first (after adding the residual, whose
-    sum is stored in residual_out)."""
+    -> [M, N] in x2's dtype."""
     m = x2.shape[0]
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)                  # [M, N]
@@ -426,21 +358,13 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     grid = (triton.cdiv(n, cfg.block_n), split)
     b = bias if bias is not None else weight
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
-    if norm is None:
-        res, nw, eps, res_out, norm_kind = x2, x2, 0.0, x2, 0
-    else:
-        res, nw, eps, res_out = norm
-        norm_kind = 1 if res is None else 2
-        res = x2 if res is None else res
-        res_out = x2 if res_out is None else res_out
-    _gemv_kernel[grid](x2, weight, b, dst, res, nw, res_out, m, n, k, k_per_split, x2.stride(0),
-                       weight.stride(0), dst.stride(-2), dst.stride(0) if split > 1 else 0,
-                       res.stride(0), res_out.stride(0), eps,
+    _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
+                       dst.stride(-2), dst.stride(0) if split > 1 else 0,
                        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                        BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
                        MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                        NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
-                       NORM=norm_kind, num_warps=cfg.num_warps)
+                       num_warps=cfg.num_warps)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(m, triton.cdiv(n, block))](
@@ -484,40 +408,3 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: Optional[
         return None
     return _launch(_rows(gate_up, m), weight, bias, cfg, silu_mul=True).reshape(
         *gate_up.shape[:-1], n)
-
-
-# RMSNorm fused into the GEMV that reads its output: only where rows are short (K, the hidden
-# size, up to this), since every program re-reads the whole rows for the sum of squares; the
-# small draft models' layers, whose norm kernels cost as much as a weight tile. Set
-# SPECSERVE_GEMV_NORM=0 to run the two kernels apart (to time what it gains).
-NORM_MAX_K = 2048 if os.environ.get("SPECSERVE_GEMV_NORM", "1") != "0" else 0
-
-
-def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
-                    eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                    config: Optional[GemvConfig] = None):
-    """``linear(rms_norm(x (+ residual)), weight, bias)`` in one launch, with the new residual:
-    returns (y [M, N], x + residual [M, K], or x itself without a residual), or None where the
-    kernel does not take the call (the caller then runs the ops apart).
-
-    The normalised rows are rounded as triton_layers' RMSNorm rounds them; the sum of squares
-    is added in another order, so a value may differ from the two-kernel path by one rounding.
-    None for rows outside 1..MAX_ROWS, K above NORM_MAX_K, a shape the table gives to cuBLAS,
-    mixed dtypes or devices, a weight without unit stride along K.
-    """
-    n, k = weight.shape
-    m = x.numel() // k if k else 0
-    cfg = config if config is not None else gemv_config(m, n, k)
-    if (k > NORM_MAX_K or x.dim() != 2 or not _takes(cfg, m, k)
-            or not _launchable(x, weight, bias, k)
-            or norm_weight.shape != (k,) or norm_weight.stride(0) != 1
-            or norm_weight.dtype != x.dtype
-            or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
-                                          or residual.stride(-1) != 1))):
-        return None
-    x2 = _rows(x, m)
-    if residual is None:
-        return _launch(x2, weight, bias, cfg, False, (None, norm_weight, eps, None)), x
-    res_out = torch.empty_like(x2)
-    y = _launch(x2, weight, bias, cfg, False, (residual, norm_weight, eps, res_out))
-    return y, res_out

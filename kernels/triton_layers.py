@@ -19,8 +19,8 @@ from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
 
-__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "rms_norm_linear", "apply_rotary",
-           "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
+__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
+           "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -90,22 +90,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                   residual.stride(0), out.stride(0), new_res.stride(0),
                                   HAS_RESIDUAL=True, BLOCK_H=block, num_warps=_norm_warps(block))
     return out, new_res
-
-
-def rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
-                    eps: float, weight: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The norm (with the residual add) and the linear after it: one GEMV launch where
-    :func:`triton_gemv.rms_norm_linear` takes the call (a few rows, a short hidden size, the
-    GEMV enabled), else the two kernels."""
-    if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
-        fused = triton_gemv.rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-        if fused is not None:
-            return fused
-    if residual is None:
-        return linear(rms_norm(x, norm_weight, eps), weight, bias), x
-    h, new_residual = add_rms_norm(x, residual, norm_weight, eps)
-    return linear(h, weight, bias), new_residual
 
 
 @triton.jit

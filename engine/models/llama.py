@@ -61,12 +61,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), positions, cos_sin, meta, kv)
-
-    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-               meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
-        """Everything after the QKV projection: qkv [N, q + 2kv] -> o_proj output [N, hidden]."""
-        n = qkv.shape[0]
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)                                            # [N, q + 2kv]
         q = ops.attention_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.q_norm, self.k_norm, self.eps, positions, cos_sin,
                                    kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
@@ -97,16 +93,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], positions: torch.Tensor,
                 cos_sin: torch.Tensor, meta: AttentionMetadata, kv: KVCache):
-        """Each RMSNorm runs with the projection that reads it (``ops.rms_norm_linear``: one
-        launch at decode in a small model). The first layer has no residual yet: x is it."""
-        attn, mlp = self.self_attn, self.mlp
-        qkv, residual = ops.rms_norm_linear(x, residual, self.input_layernorm, self.eps,
-                                            attn.qkv_proj.weight, attn.qkv_proj.bias)
-        h = attn.attend(qkv, positions, cos_sin, meta, kv)
-        gate_up, residual = ops.rms_norm_linear(h, residual, self.post_attention_layernorm,
-                                                self.eps, mlp.gate_up_proj.weight,
-                                                mlp.gate_up_proj.bias)
-        return mlp.down_proj.forward_silu_mul(gate_up), residual
+        if residual is None:
+            residual = x
+            h = ops.rms_norm(x, self.input_layernorm, self.eps)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm, self.eps)
+        h = self.self_attn(h, positions, cos_sin, meta, kv)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm, self.eps)
+        return self.mlp(h), residual
 
 
 class LlamaFamilyModel(nn.Module):

@@ -25,7 +25,6 @@ from specserve.engine.models.spec import ModelSpec
 
 class ParallelAttention(nn.Module):
     forward = Attention.forward
-    attend = Attention.attend
 
     def __init__(self, spec: ModelSpec, group: TPGroup):
         super().__init__()
