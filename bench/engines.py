@@ -94,7 +94,8 @@ class ModelCache:
         settings = SpecSettings(k if draft is not None else 0, self.max_model_len,
                                 spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method)
         runner = ModelRunner(target, draft, KVLayout(num_kv_blocks, block_size, dtype, self.device),
-                             settings, max_num_seqs, self.enforce_eager)
+                             settings, max_num_seqs, self.enforce_eager,
+                             max_step_tokens=max_num_batched_tokens)
         tspec = target.spec
         tok = self.tokenizer(target_dir)
         eos = tspec.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())

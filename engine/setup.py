@@ -269,7 +269,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
                             spec_cfg.draft_sample_method)
     runner = ModelRunner(target, draft, KVLayout(blocks, config.block_size, dtype, device), settings,
                          config.max_num_seqs, config.enforce_eager or backend != "triton" or tp is not None,
-                         tp=tp)
+                         tp=tp, max_step_tokens=config.max_num_batched_tokens)
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,

@@ -52,7 +52,10 @@ def allocate_kv(spec: ModelSpec, layout: KVLayout) -> list[KVCache]:
 
 class ModelRunner:
     def __init__(self, target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], layout: KVLayout,
-                 spec: SpecSettings, max_num_seqs: int = 64, enforce_eager: bool = True, tp=None):
+                 spec: SpecSettings, max_num_seqs: int = 64, enforce_eager: bool = True, tp=None,
+                 max_step_tokens: Optional[int] = None):
+        """``max_step_tokens``: the scheduler's token budget per step (--max-num-batched-tokens),
+        the largest forward the start-up warm-up may run (None: bounded by the cache only)."""
         if (draft is None) != (spec.num_speculative_tokens == 0):
             raise ValueError("a draft model needs num_speculative_tokens > 0, and k > 0 needs a draft")
         self.target, self.draft = target, draft
@@ -77,7 +80,7 @@ class ModelRunner:
             self._capture_graphs(max_num_seqs, max_blocks)
         if layout.device.type == "cuda":
             self._warm_up_sampling(max_num_seqs, layout.dtype)
-            warm_up_eager(self, min(16, max_num_seqs))
+            warm_up_eager(self, min(16, max_num_seqs), max_tokens=max_step_tokens)
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 import torch
 
@@ -40,26 +41,36 @@ def eager_shapes(rows: int) -> list[tuple[int, int]]:
 
 
 @torch.inference_mode()
-def warm_up_eager(runner, rows: int, cuda_only: bool = True) -> int:
+def warm_up_eager(runner, rows: int, cuda_only: bool = True,
+                  max_tokens: Optional[int] = None) -> int:
     """Run the target's and the draft's eager forwards at ``eager_shapes(rows)`` (CUDA only;
     the target is skipped when tensor-parallel, whose ranks are not serving yet). The target's
     items want the last token's logits, as a prompt's final chunk does; a mixed step (decoding
-    rows beside one prompt chunk) is warmed at each size too. Returns the forwards run."""
+    rows beside one prompt chunk) is warmed at each size too. ``max_tokens`` (the scheduler's
+    --max-num-batched-tokens): the target runs no forward larger than a step can be (a small
+    token budget gets no oversized activations at start-up) and warms a prompt chunk of
+    exactly that size instead; the draft, whose catch-up is not cut to the budget, runs every
+    shape. Returns the forwards run."""
     if cuda_only and runner.device.type != "cuda":   # nothing compiles on the CPU path
         return 0
     t0 = time.monotonic()
     bs = runner.block_size
     kv = runner.target_kv[0][0]
     room = min(_LONG, kv.shape[0] * bs - 1, runner.max_model_len - 1)   # a decode row sits past it
+    budget = max_tokens if max_tokens is not None else float("inf")
     models = [] if runner.tp is not None else ["target"]
     if runner.draft is not None:
         models.append("draft")
     count = 0
     shapes = eager_shapes(rows)
+    if budget < room:
+        shapes.append((1, int(budget)))               # a long prompt's chunk at the budget
     for n_reqs, length in shapes:
         length = min(length, room)
         blocks = list(range(-(-(length + 1) // bs)))
         for which in models:
+            if which == "target" and n_reqs * length > budget:
+                continue
             logits = 1 if which == "target" else 0
             items = [ForwardItem([5 + (i + j) % 97 for j in range(length)], 0, blocks, logits)
                      for i in range(n_reqs)]

@@ -26,3 +26,27 @@ def test_warm_up_runs_every_shape_on_a_small_cache_and_leaves_outputs_unchanged(
     want = [o.outputs[0].token_ids for o in cold.generate(batch, params)]
     got = [o.outputs[0].token_ids for o in warmed.generate(batch, params)]
     assert got == want
+
+
+def test_the_target_warm_up_stays_within_the_step_token_budget(make_llm) -> None:
+    """With --max-num-batched-tokens 48 no target forward of the warm-up is larger than a step
+    can be (rows x 128 and 600-token chunks would be), a 48-token chunk is warmed instead, and
+    the draft still runs every shape (its catch-up is not cut to the budget)."""
+    llm = make_llm("llama", draft_model="qwen2", num_speculative_tokens=3, max_model_len=160)
+    runner = llm.core.runner
+    seen: list[tuple[str, int]] = []
+    forward = runner._forward
+
+    def spy(which, batch, *args, **kwargs):
+        seen.append((which, sum(len(item.token_ids) for item in batch)))
+        return forward(which, batch, *args, **kwargs)
+
+    runner._forward = spy
+    try:
+        warm_up_eager(runner, 4, cuda_only=False, max_tokens=48)
+    finally:
+        runner._forward = forward
+    target = [n for which, n in seen if which == "target"]
+    draft = [n for which, n in seen if which == "draft"]
+    assert max(target) == 48 and all(n <= 48 for n in target)
+    assert len(draft) == len(eager_shapes(4)) + 1 and max(draft) > 48
