@@ -30,8 +30,9 @@ def test_warm_up_runs_every_shape_on_a_small_cache_and_leaves_outputs_unchanged(
 
 def test_the_target_warm_up_stays_within_the_step_token_budget(make_llm) -> None:
     """With --max-num-batched-tokens 48 no target forward of the warm-up is larger than a step
-    can be (rows x 128 and 600-token chunks would be), a 48-token chunk is warmed instead, and
-    the draft still runs every shape (its catch-up is not cut to the budget)."""
+    can be (rows x 128 tokens and the long chunk, 159 tokens at this max_model_len, would be),
+    a 48-token chunk is warmed instead, and the draft still runs every shape (its catch-up, one
+    KV-only forward over every lagging token, is not cut to the budget)."""
     llm = make_llm("llama", draft_model="qwen2", num_speculative_tokens=3, max_model_len=160)
     runner = llm.core.runner
     seen: list[tuple[str, int]] = []
