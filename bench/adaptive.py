@@ -38,7 +38,7 @@ from specserve.bench import shapes
 from specserve.bench.engines import (GenerationRun, ModelCache, random_prompts,
                                      run_generation)
 from specserve.engine.core import EngineCore
-from specserve.engine.spec_control import KController
+from specserve.engine.spec_control import AcceptanceModel, CostModel, KController
 from specserve.engine.types import SamplingParams, SpecDecodeStats, StepStats
 
 # Qwen3-1.7B: 28 layers, hidden 2048, 16 q heads / 8 kv heads of 128, MLP 6144, tied LM head.
@@ -118,22 +118,49 @@ def param_bytes(model) -> int:
 def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KController]:
     """Every row drafts ``k`` (``k`` = 0 is not used: no speculation is the plain engine); the
     verification graph of width k + 1 from ``extra_graphs`` (when there is one) is made visible."""
-    sc = core.spec_control
-    saved = sc.controller
-    ctl = KController(saved.k_max, "fixed", None)
+    ctl = KController(core.spec_control.k_max, "fixed", None)
     ctl.force = lambda row: k
-    sc.controller = ctl
     runner = core.runner
     key = ("target", k + 1)
     added = key in extra_graphs and key not in runner.graphs
     if added:
         runner.graphs[key] = extra_graphs[key]
     try:
+        with swapped_controller(core, ctl):
+            yield ctl
+    finally:
+        if added:
+            del runner.graphs[key]
+
+
+# A/B of the controller: a variant runs as config "adaptive:<name>", beside the default adaptive
+# controller, with its own acceptance estimates and cost model (same calibration), kept across
+# cells and the ramp as the default one's are.
+VARIANTS: dict[str, dict] = {
+    "no-optimism": {"optimism": 0.0},   # cold acceptance estimates read as they are
+}
+
+
+def variant_controllers(core: EngineCore, names: tuple[str, ...]) -> dict[str, KController]:
+    """``{"adaptive:<name>": controller}`` for each variant in ``names`` (see VARIANTS)."""
+    base = core.spec_control.controller
+    out = {}
+    for name in names:
+        cost = None if base.cost is None else CostModel(base.cost.cal,
+                                                        zero_runs_ahead=base.cost.zero_runs_ahead)
+        acceptance = AcceptanceModel(base.k_max, **VARIANTS[name])
+        out[f"adaptive:{name}"] = KController(base.k_max, "adaptive", cost, acceptance)
+    return out
+
+
+@contextlib.contextmanager
+def swapped_controller(core: EngineCore, ctl: KController) -> Iterator[KController]:
+    sc = core.spec_control
+    saved, sc.controller = sc.controller, ctl
+    try:
         yield ctl
     finally:
         sc.controller = saved
-        if added:
-            del runner.graphs[key]
 
 
 def capture_exact_widths(core: EngineCore, ks: tuple[int, ...], log: Callable[[str], None]) -> dict:
@@ -234,8 +261,9 @@ Progress = Callable[[str], None]
 
 def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: list[str],
                  extra_graphs: dict, progress: Progress, plain_core: Optional[EngineCore] = None,
-                 repeats: int = 1) -> dict:
-    """``{config: {temperature: {batch: row}}}`` for configs among "plain", "k<n>", "adaptive".
+                 repeats: int = 1, variants: Optional[dict[str, KController]] = None) -> dict:
+    """``{config: {temperature: {batch: row}}}`` for configs among "plain", "k<n>", "adaptive"
+    and the "adaptive:<name>" keys of ``variants`` (run like adaptive, right after it).
 
     "plain" runs on ``plain_core`` when given (an engine without a draft), the others on
     ``core``. In each cell plain and adaptive run first, side by side, then every fixed k, then
@@ -249,26 +277,28 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
     out: dict = {c: {} for c in configs}
     engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
     warm = random_prompts(min(4, max(s.batch_sizes)), s.prompt_len, vocab, s.seed + 999)
-    paired = [c for c in ("plain", "adaptive") if c in configs]
+    variants = variants or {}
+    paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
     order = paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
     for t in s.temperatures:
         for c in configs:        # a short warm-up per configuration and temperature
-            with _config(engine[c], c, extra_graphs):
+            with _config(engine[c], c, extra_graphs, variants):
                 generate(engine[c], warm, t, 8, f"{label}-{c}-warm-{t}")
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, s.seed + 1000 * b)
             n = s.output_len_for(b)
             runs: dict[str, list[dict]] = {c: [] for c in configs}
             for i, c in enumerate(order):
-                with _config(engine[c], c, extra_graphs):
+                with _config(engine[c], c, extra_graphs, variants):
                     cell = generate(engine[c], prompts, t, n, f"{label}-{c}-{t}-{b}-{i}")
                 runs[c].append(cell_row(cell))
             for c in configs:
                 out[c].setdefault(t, {})[b] = _median_row(runs[c])
-            if len(paired) == 2:
-                out["adaptive"][t][b]["over_plain_runs"] = [
-                    a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"] else None
-                    for p, a in zip(runs["plain"], runs["adaptive"])]
+            for c in paired:
+                if c != "plain" and "plain" in paired:
+                    out[c][t][b]["over_plain_runs"] = [
+                        a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"] else None
+                        for p, a in zip(runs["plain"], runs[c])]
             ahead = "; ".join(f"{c} {out[c][t][b]['ahead_steps']}/{out[c][t][b]['decode_steps']}"
                               for c in paired)
             progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): "
@@ -287,9 +317,13 @@ def _median_row(runs: list[dict]) -> dict:
 
 
 @contextlib.contextmanager
-def _config(core: EngineCore, config: str, extra_graphs: dict) -> Iterator[None]:
+def _config(core: EngineCore, config: str, extra_graphs: dict,
+            variants: Optional[dict[str, KController]] = None) -> Iterator[None]:
     if config.startswith("k"):
         with fixed_k(core, int(config[1:]), extra_graphs):
+            yield
+    elif variants and config in variants:
+        with swapped_controller(core, variants[config]):
             yield
     else:
         yield
@@ -338,12 +372,13 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
 
 
 def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extra_graphs: dict,
-                 temperature: float, label: str, progress: Progress) -> dict:
+                 temperature: float, label: str, progress: Progress,
+                 variants: Optional[dict[str, KController]] = None) -> dict:
     out = {}
     # mixed prefill + decode steps appear only here: compile their kernels before timing
     warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
     for c in configs:
-        with _config(core, c, extra_graphs):
+        with _config(core, c, extra_graphs, variants):
             run_ramp(core, warm, temperature, f"{label}-ramp-warm-{c}")
             r = run_ramp(core, s, temperature, f"{label}-ramp-{c}")
         out[c] = r

@@ -11,6 +11,8 @@ SECTIONS = ("roofline", "verify", "sampler", "e2e", "peer", "serve", "adaptive")
 DEFAULT_SECTIONS = SECTIONS[:6]
 ADAPTIVE_TARGETS = ("1.7b", "4b")
 ADAPTIVE_PAIRS = ("unrelated", "self", "mid")   # the drafts of section adaptive (bench/sections_adaptive.py)
+# controller variants section adaptive can run beside the default one (bench/adaptive.py VARIANTS)
+ADAPTIVE_VARIANTS = ("no-optimism",)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class BenchOptions:
     adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
     adaptive_pairs: tuple[str, ...] = ADAPTIVE_PAIRS
     adaptive_repeats: int = 3               # runs of no-spec and adaptive per cell, side by side
+    adaptive_variants: tuple[str, ...] = () # controller variants run beside adaptive (A/B)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.sections) - set(SECTIONS))
@@ -77,6 +80,8 @@ class BenchOptions:
             raise ValueError("--adaptive-ks must lie in 1..16 and --adaptive-batch-sizes be positive")
         if not self.adaptive_pairs or set(self.adaptive_pairs) - set(ADAPTIVE_PAIRS):
             raise ValueError(f"--adaptive-pairs must name some of {', '.join(ADAPTIVE_PAIRS)}")
+        if set(self.adaptive_variants) - set(ADAPTIVE_VARIANTS):
+            raise ValueError(f"--adaptive-variants must name some of {', '.join(ADAPTIVE_VARIANTS)}")
         if self.adaptive_repeats < 1:
             raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
@@ -179,6 +184,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs of no-spec and adaptive per cell, each adaptive run right after a no-spec "
                         "one; the table shows the median run and the median of the paired ratios "
                         "(default 3; fixed k runs once)")
+    a.add_argument("--adaptive-variants", type=_names, default=None,
+                   help=f"A/B: controller variants, of {','.join(ADAPTIVE_VARIANTS)}, each run right "
+                        "after adaptive in every repeat and on the ramp, with its own estimates and "
+                        "cost model (no-optimism: cold acceptance estimates read as they are)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:

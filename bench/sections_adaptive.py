@@ -75,14 +75,15 @@ def adaptive(ctx: BenchContext) -> Section:
                     f"{'n/a' if cal is None else f'{cal.seconds:.1f}s'})")
             extra = ad.capture_exact_widths(core, s.ks, ctx.log) if o.adaptive_exact_widths else {}
             data["exact_width_graphs"][pair] = sorted(q for _, q in extra)
-            configs = ["plain"] + fixed + ["adaptive"]
+            variants = ad.variant_controllers(core, o.adaptive_variants)
+            configs = ["plain"] + fixed + ["adaptive"] + list(variants)
             data["grid"][pair] = ad.measure_grid(core, s, pair, configs, extra, ctx.log, plain_core,
-                                                 o.adaptive_repeats)
+                                                 o.adaptive_repeats, variants)
             if pair == RAMP_PAIR:   # no speculation first, right before the others
                 data["ramp"]["plain"] = ad.measure_ramp(plain_core, s, ["plain"], {}, RAMP_TEMPERATURE,
                                                         "plain", ctx.log)["plain"]
-                data["ramp"].update(ad.measure_ramp(core, s, fixed + ["adaptive"], extra,
-                                                    RAMP_TEMPERATURE, pair, ctx.log))
+                data["ramp"].update(ad.measure_ramp(core, s, fixed + ["adaptive"] + list(variants),
+                                                    extra, RAMP_TEMPERATURE, pair, ctx.log, variants))
             data.setdefault("calibration", {})[pair] = None if cal is None else cal.as_dict()
             del extra
         except Exception as e:   # noqa: BLE001 - one pair failing must not lose the others
@@ -98,21 +99,27 @@ def adaptive(ctx: BenchContext) -> Section:
     plots = _plots(ctx, data, s) if o.plots else []
     data["plots"] = plots
     return Section("adaptive", f"Adaptive k vs no speculation and fixed k = {min(s.ks)}..{s.k_max}",
-                   _columns(s), rows, notes=_notes(ctx, data, s, tshape, dshape),
+                   _columns(s, o.adaptive_variants), rows, notes=_notes(ctx, data, s, tshape, dshape),
                    data=data, extra_markdown="\n\n".join(f"![{Path(p).stem}]({p})" for p in plots),
                    error="; ".join(f"{k}: {v}" for k, v in data["errors"].items()) or None)
 
 
 # ---- rows ----------------------------------------------------------------------------------------
-def _columns(s: ad.AdaptiveSettings) -> list[Column]:
+def _columns(s: ad.AdaptiveSettings, variants: tuple[str, ...] = ()) -> list[Column]:
+    """The grid's columns; each controller variant (A/B) adds its tok/s, its median paired
+    ratio to no speculation and its mean k after adaptive's."""
+    extra = []
+    for v in variants:
+        extra += [Column(f"adaptive:{v}", v, "tps"), Column(f"adaptive:{v}_over_plain", f"{v}/no-spec", "x"),
+                  Column(f"adaptive:{v}_mean_k", f"mean k ({v})", "num")]
     return ([Column("pair", "Pair", "str"), Column("temperature", "T", "num"),
              Column("batch", "Batch", "str"), Column("plain", "no spec", "tps")]
             + [Column(f"k{k}", f"k={k}", "tps") for k in s.ks]
             + [Column("adaptive", "adaptive", "tps"), Column("best_fixed_k", "best k", "int"),
                Column("adaptive_over_plain", "ad/no-spec", "x"),
                Column("adaptive_over_best_fixed", "ad/best k", "x"),
-               Column("mean_k", "mean k (ad)", "num"), Column("accept_len", "E (ad)", "num"),
-               Column("goal", "Goal", "str"), Column("status", "Status", "str")])
+               Column("mean_k", "mean k (ad)", "num"), Column("accept_len", "E (ad)", "num")]
+            + extra + [Column("goal", "Goal", "str"), Column("status", "Status", "str")])
 
 
 def _compare(plain: Optional[float], fixed: dict[str, Optional[float]], ada: Optional[float]) -> dict:
@@ -149,6 +156,14 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                 row.update(pair=label, temperature=t, batch=str(b), label=f"{label}, T={t:g}, batch {b}",
                            mean_k=_mean_k(cell["adaptive"]["chosen_k"]),
                            accept_len=cell["adaptive"]["acceptance_length"], goal=goal)
+                for c in cell:
+                    if c.startswith("adaptive:"):
+                        runs = [r for r in cell[c].get("over_plain_runs", []) if r]
+                        tps = cell[c]["tok_per_s"]
+                        row[c] = tps
+                        row[f"{c}_over_plain"] = (statistics.median(runs) if runs else
+                                                  tps / row["plain"] if tps and row["plain"] else None)
+                        row[f"{c}_mean_k"] = _mean_k(cell[c]["chosen_k"])
                 row["status_plain"] = at_least(row["adaptive_over_plain"], GOAL_PLAIN)
                 row["status_fixed"] = at_least(row["adaptive_over_best_fixed"], GOAL_FIXED)
                 row["status"] = _both(row["status_plain"], row["status_fixed"])
@@ -159,6 +174,11 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                        ramp["adaptive"]["tok_per_s"])
         peak = ramp["adaptive"]["peak_batch"]
         label = dict(PAIRS)[RAMP_PAIR]
+        for c in ramp:
+            if c.startswith("adaptive:"):
+                row[c] = ramp[c]["tok_per_s"]
+                row[f"{c}_over_plain"] = (row[c] / row["plain"] if row[c] and row["plain"] else None)
+                row[f"{c}_mean_k"] = _mean_k(ramp[c]["chosen_k"])
         row.update(pair=f"{label}, ramp", temperature=RAMP_TEMPERATURE, batch=f"1-{peak}-1",
                    label=f"{label}, ramp 1 -> {peak} -> 1", mean_k=_mean_k(ramp["adaptive"]["chosen_k"]),
                    accept_len=ramp["adaptive"]["acceptance_length"],
@@ -241,7 +261,11 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         f"Goals (issue 14): adaptive >= {GOAL_PLAIN}x no speculation and >= {GOAL_FIXED}x the best "
         f"fixed k in every cell; >= {GOAL_RAMP}x the best fixed k on the ramp. Execution: "
         f"{ctx.mode['description'] if ctx.mode else ('eager' if ctx.device.type == 'cpu' else 'see settings')}.",
-    ]
+    ] + ([f"Controller variants (A/B): {', '.join(ctx.opts.adaptive_variants)}; each runs right after "
+          "adaptive in every repeat of every cell and on the ramp, on the same engine, with its own "
+          "acceptance estimates and cost model (same calibration), kept across cells; its ratio to "
+          "no speculation is paired the same way. The goals are judged on adaptive (the default)."]
+         if ctx.opts.adaptive_variants else [])
 
 
 # ---- plots ---------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ Plain Python, no torch. Three parts, each fed by numbers the engine already has:
   of the outcomes (moving averages once there are many) shrunk toward a prior, the position
   before for a bucket, the bucket's estimate for a request. A verification of n drafts with m
   accepted tries positions 1..min(m + 1, n): the first m succeed, position m + 1 (if drafted)
-  fails, later ones were not tried and leave their estimate alone.
+  fails, later ones were not tried and leave their estimate alone. A bucket's position with
+  few outcomes is read one standard error high (``AcceptanceModel.OPTIMISM``): a cold bucket
+  tries drafting instead of waiting for probes.
 * :class:`CostModel`: seconds of one decode step at batch B when every request proposes k drafts:
   ``k * c_draft(B) + t_target(B, k + 1) + overhead(B)``. ``c_draft`` and ``t_target`` (sampler
   included) come from a start-up calibration on the device (engine/runner/calibration.py);
@@ -85,11 +87,11 @@ class _Rates:
     k = 0 never verifies again to find out."""
 
     def __init__(self, k_max: int, prior: list[float], weight: float, rate_floor: float,
-                 chain: bool = False):
+                 chain: bool = False, optimism: float = 0.0):
         self.prior = list(prior)
         self.value = [0.0] * k_max
         self.count = [0] * k_max
-        self.weight, self.chain = weight, chain
+        self.weight, self.chain, self.optimism = weight, chain, optimism
         self.rate_floor = rate_floor
         self._rates: Optional[list[float]] = None
         self._table: Optional[list[float]] = None   # E(0..k_max), until the next update
@@ -115,9 +117,26 @@ class _Rates:
             for j, (v, n) in enumerate(zip(self.value, self.count)):
                 prior = out[-1] if self.chain and out else self.prior[j]
                 n_eff = min(n, cap)
-                out.append((n_eff * v + self.weight * prior) / (n_eff + self.weight) if n_eff else prior)
+                if n_eff:
+                    a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
+                    out.append(self._optimistic(a, n))
+                elif self.chain and out:     # nothing seen here: the position before, as read
+                    out.append(prior)
+                else:
+                    out.append(self._optimistic(prior, 0))
             self._rates = out
         return self._rates
+
+
+    COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
+
+    def _optimistic(self, a: float, n: int) -> float:
+        """``a`` raised by ``optimism`` standard errors of a rate read from n outcomes and the
+        prior's weight while the position is cold (fewer than COLD_OUTCOMES outcomes)."""
+        if (not self.optimism or not 0.0 < a < 1.0 or n >= self.COLD_OUTCOMES
+                or n + self.weight <= 0):
+            return a
+        return min(1.0, a + self.optimism * math.sqrt(a * (1.0 - a) / (n + self.weight)))
 
 
 class AcceptanceModel:
@@ -130,16 +149,30 @@ class AcceptanceModel:
     whose first verifications (the start of a generation is the least predictable part) read
     0.6 at position 1 sat at k = 0 for a hundred steps while its bucket read 0.92 and fixed
     k = 4 ran 1.46x plain. The doubling bounds what a request really worse than its bucket
-    costs: one retry after 32, 64, 128, ... steps."""
+    costs: one retry after 32, 64, 128, ... steps.
+
+    An optimistic start: while a bucket's position has fewer than _Rates.COLD_OUTCOMES (64)
+    outcomes, it reads OPTIMISM standard errors above its estimate, sqrt(a (1 - a) /
+    (outcomes + prior weight)); with nothing seen, the prior 0.6 reads 0.845. Without it a cold
+    bucket whose prior alone did not pay stayed at k = 0 and learnt one outcome per probe
+    (every 50, 100, 200, ... steps): on the CPU machine the demo pair at batch 16, 128 tokens,
+    ran 1.07x plain against fixed k = 4's 1.30x, and 1.32x with it (same run). A useless draft
+    pays with one or two drafting steps per bucket: each rejection lowers the bound. Past 64
+    outcomes the estimate is read as it is: a bonus kept for good (a plain upper confidence
+    bound) tipped near-ties toward drafting, 0.94x plain where fixed k = 4 ran 0.98x."""
 
     STALE_STEPS = 32
+    OPTIMISM = 1.0
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
-                 shared_rate: float = 0.02, request_rate: float = 0.05):
+                 shared_rate: float = 0.02, request_rate: float = 0.05,
+                 optimism: Optional[float] = None):
         self.k_max = k_max
         self.prior, self.prior_weight = prior, prior_weight
         self.shared_rate, self.request_rate = shared_rate, request_rate
-        self.shared = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True)
+        z = self.OPTIMISM if optimism is None else optimism
+        self.shared = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True,
+                              optimism=z)
                        for _ in TEMPERATURE_BUCKETS]
         self.per_request: dict[str, _Rates] = {}
         self.steps = 0                              # controller steps so far (``tick``)

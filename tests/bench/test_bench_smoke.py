@@ -264,7 +264,7 @@ ADAPTIVE_KS = (1, 2, 4)          # the --quick preset
 def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench-adaptive") / "out"
     cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
-           "--sections", "adaptive"]
+           "--sections", "adaptive", "--adaptive-variants", "no-optimism"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -320,6 +320,23 @@ def test_adaptive_cells_pair_no_spec_and_adaptive_runs(adaptive_run):
                 assert all(len(r["runs"]) == 1 for r in g[c][t].values())
 
 
+def test_a_controller_variant_runs_beside_adaptive_with_its_own_estimates(adaptive_run):
+    """--adaptive-variants no-optimism: every cell and the ramp run the variant right after
+    adaptive, paired with the same no-spec runs, and the report shows its ratio and mean k."""
+    s = _section(adaptive_run, "adaptive")
+    v = "adaptive:no-optimism"
+    for pair, g in s["data"]["grid"].items():
+        for t, by_batch in g[v].items():
+            for b, row in by_batch.items():
+                plain = g["plain"][t][b]
+                assert len(row["runs"]) == 2 and sum(row["chosen_k"]) > 0
+                assert row["over_plain_runs"] == pytest.approx([a / p for p, a in zip(plain["runs"], row["runs"])])
+    assert v in s["data"]["ramp"]
+    for r in s["rows"]:
+        assert r[v] > 0 and r[f"{v}_over_plain"] > 0 and r[f"{v}_mean_k"] is not None, r
+    assert "no-optimism/no-spec" in adaptive_run["md"]
+
+
 def test_adaptive_pairs_accept_as_built(adaptive_run):
     d = _section(adaptive_run, "adaptive")["data"]
     acc = d["acceptance"]
@@ -342,7 +359,7 @@ def test_adaptive_pairs_accept_as_built(adaptive_run):
 def test_adaptive_ramp_and_files(adaptive_run):
     d = _section(adaptive_run, "adaptive")["data"]
     ramp = d["ramp"]
-    assert set(ramp) == {"plain", "adaptive"} | {f"k{k}" for k in ADAPTIVE_KS}
+    assert set(ramp) == {"plain", "adaptive", "adaptive:no-optimism"} | {f"k{k}" for k in ADAPTIVE_KS}
     n, length = d["settings"]["ramp_requests"], d["settings"]["ramp_output_len"]
     for c, r in ramp.items():
         assert r["tokens"] == n * length, c                  # every request ran to its length

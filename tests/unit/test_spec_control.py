@@ -526,3 +526,55 @@ def test_batch_one_drafting_is_not_priced_with_a_larger_batchs_or_a_plain_steps_
     for _ in range(8):
         sync.observe(1, 0, 0, 2.9e-3)
     assert sync.step_seconds(1, 3) == pytest.approx(sync.device_seconds(1, 3, 3) + 2.9e-3 - 2.2e-3)
+
+
+def test_a_cold_bucket_reads_optimistic_and_the_optimism_fades_with_outcomes() -> None:
+    """A bucket with no outcomes reads its prior plus one standard error (prior 0.6 worth 4
+    outcomes: 0.6 + sqrt(0.24 / 4)); with a few outcomes, above the plain estimate; from 64
+    outcomes on, the plain estimate itself."""
+    acc, plain = AcceptanceModel(K), AcceptanceModel(K, optimism=0.0)
+    cold = acc.rates("r", 0)
+    assert cold[0] == pytest.approx(0.6 + (0.6 * 0.4 / 4) ** 0.5)
+    assert cold == [cold[0]] * K                      # deeper positions read the one before
+    assert plain.rates("r", 0) == [0.6] * K
+    rng = random.Random(1)
+    for n in range(1, 2001):
+        accepted = int(rng.random() < 0.7)
+        acc.record("x", 0, 1, accepted)
+        plain.record("x", 0, 1, accepted)
+        warm, mean = acc.shared[0].rates()[0], plain.shared[0].rates()[0]
+        if n < 64:
+            assert warm == pytest.approx(mean + (mean * (1 - mean) / (n + 4)) ** 0.5)
+        else:
+            assert warm == mean
+
+
+def _run_batch_one(ctl: KController, acceptance: float, steps: int, seed: int = 0) -> list[int]:
+    """Batch 1, ``steps`` steps: each verification of k drafts accepts every position with
+    probability ``acceptance`` (until the first rejection). Returns the k of every step."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        ctl.acceptance.tick()
+        k = ctl.decide([Row("r", 0, K)]).k
+        ks.append(k)
+        if k:
+            ctl.acceptance.record("r", 0, k, next((j for j in range(k) if rng.random() >= acceptance), k))
+    return ks
+
+
+def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_either_way() -> None:
+    """Draft pass = 0.7 x the target step: at the prior's 0.6 plain decoding looks best, so a
+    controller without optimism does not draft until its first probe (50 steps) and then learns
+    one outcome per probe (on the CPU machine the demo pair, whose drafts are accepted at ~0.9,
+    finished batch-1 requests of 128 tokens at k = 0 while fixed k = 4 ran 1.4x plain). With
+    optimism the first step drafts; a draft accepted at 0.95 keeps drafting, a useless one is
+    back at 0 within a few steps and then only probes."""
+    cal = _cal(0.7)
+    cautious = KController(K, "adaptive", CostModel(cal), AcceptanceModel(K, optimism=0.0))
+    assert _run_batch_one(cautious, 0.95, 40).count(0) == 40
+    good = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.95, 200)
+    assert good[0] > 0 and sum(k > 0 for k in good) >= 180
+    useless = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.0, 200)
+    assert useless[0] > 0 and sum(k > 0 for k in useless) <= 8
+    assert useless[20:50] == [0] * 30
