@@ -52,7 +52,9 @@ class BenchOptions:
     adaptive_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     adaptive_ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     adaptive_prompt_len: int = 32
-    adaptive_output_len: int = 32           # tokens per request, at least
+    # tokens per request, at least: at 32, a good draft's cells at batch >= 4 were 5-16 decode
+    # steps (H100, 2026-11-26), so one slow step or the first steps' climb decided a cell
+    adaptive_output_len: int = 128
     adaptive_cell_tokens: int = 128         # tokens per cell, at least (batch 1 runs 128 steps' worth)
     adaptive_mid_layers: int = 4            # the truncated draft's layers
     adaptive_late_scale: float = 0.05       # the target's later layers' output scale
@@ -163,7 +165,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--adaptive-batch-sizes", type=_ints, default=None, help="default 1,4,16,64,256")
     a.add_argument("--adaptive-ks", type=_ints, default=None, help="fixed k measured (default 1..8; k_max = the largest)")
     a.add_argument("--adaptive-prompt-len", type=int, default=None, help="default 32")
-    a.add_argument("--adaptive-output-len", type=int, default=None, help="tokens per request, at least (default 32)")
+    a.add_argument("--adaptive-output-len", type=int, default=None, help="tokens per request, at least (default 128: shorter cells of a good draft are a few "
+                        "decode steps, where one slow step decides the cell)")
     a.add_argument("--adaptive-cell-tokens", type=int, default=None,
                    help="tokens per cell, at least: small batches run longer requests (default 128)")
     a.add_argument("--adaptive-mid-layers", type=int, default=None,
