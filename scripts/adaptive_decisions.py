@@ -33,7 +33,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = ad.AdaptiveSettings(batch_sizes=tuple(int(b) for b in a.batches.split(",")),
                             temperatures=tuple(float(t) for t in a.temps.split(",")),
-                            ks=tuple(range(1, 9)), prompt_len=32, output_len=32, cell_tokens=128,
+                            ks=tuple(range(1, 9)), prompt_len=32, output_len=128, cell_tokens=128,
                             mid_layers=4, late_scale=0.05, ramp_requests=256, ramp_output_len=128,
                             ramp_rate=2.0)
     tshape, dshape = (shapes.TINY_TARGET, shapes.TINY_DRAFT) if a.tiny else \
@@ -88,13 +88,30 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict) 
                                      "acceptance": ctl.acceptance.snapshot() if ctl is not None else None}
                 print(f"{key}: {run.decode_tok_per_s:,.1f} tok/s, {len(steps)} decode steps, "
                       f"acceptance {run.spec.acceptance_length}", flush=True)
-            for st in steps:
-                print("  ", st["ms"], st["host_ms"], st["drafts"], st["k_next"], st["tokens"],
-                      st["target_ms"], st["draft_ms"], st["pred_ms"], st["goodput"], flush=True)
+                print_steps(steps)
             snap = res["cells"][key]
             if snap["cost"] is not None:
                 print("  cost", json.dumps({k: v for k, v in snap["cost"].items() if k != "calibration"}))
                 print("  acceptance", json.dumps(snap["acceptance"]), flush=True)
+
+
+def print_steps(steps: list) -> None:
+    """Every step that verified or proposed drafts or took over twice the median step; the plain
+    steps between them as one count line."""
+    ms = sorted(st["ms"] for st in steps)
+    slow = 2 * ms[len(ms) // 2] if ms else 0.0
+    quiet = 0
+    for i, st in enumerate(steps):
+        if not (st["drafts"] or st["k_next"] or st["ms"] > slow):
+            quiet += 1
+            continue
+        if quiet:
+            print(f"   ({quiet} plain steps)")
+            quiet = 0
+        print("  ", i, st["ms"], st["host_ms"], st["drafts"], st["k_next"], st["tokens"],
+              st["target_ms"], st["draft_ms"], st["pred_ms"], st["goodput"], flush=True)
+    if quiet:
+        print(f"   ({quiet} plain steps)")
 
 
 if __name__ == "__main__":
