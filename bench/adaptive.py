@@ -373,17 +373,32 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
 
 def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extra_graphs: dict,
                  temperature: float, label: str, progress: Progress,
-                 variants: Optional[dict[str, KController]] = None) -> dict:
-    out = {}
+                 variants: Optional[dict[str, KController]] = None,
+                 plain_core: Optional[EngineCore] = None, repeats: int = 1) -> dict:
+    """``{config: ramp}``; like ``measure_grid``, "plain" runs on ``plain_core``, and plain,
+    adaptive and the variants run first side by side and ``repeats - 1`` more times after the
+    fixed k (one run each): a config run more than once shows its median run, with every run's
+    tok/s in ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
+    engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
+    paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
+    order = paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
     # mixed prefill + decode steps appear only here: compile their kernels before timing
     warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
     for c in configs:
-        with _config(core, c, extra_graphs, variants):
-            run_ramp(core, warm, temperature, f"{label}-ramp-warm-{c}")
-            r = run_ramp(core, s, temperature, f"{label}-ramp-{c}")
-        out[c] = r
+        with _config(engine[c], c, extra_graphs, variants):
+            run_ramp(engine[c], warm, temperature, f"{label}-ramp-warm-{c}")
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    for i, c in enumerate(order):
+        with _config(engine[c], c, extra_graphs, variants):
+            r = run_ramp(engine[c], s, temperature, f"{label}-ramp-{c}-{i}")
+        runs[c].append(r)
         progress(f"adaptive ramp {label} {c}: {_fmt(r['tok_per_s'])} tok/s over {r['seconds']:.1f}s, "
                  f"peak batch {r['peak_batch']}, {r['ahead_steps']} of {r['steps']} steps queued the next")
+    out = {c: _median_row(runs[c]) for c in configs}
+    for c in paired:
+        if c != "plain" and "plain" in paired:
+            out[c]["over_plain_runs"] = [a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"]
+                                         else None for p, a in zip(runs["plain"], runs[c])]
     return out
 
 

@@ -285,8 +285,12 @@ def test_adaptive_grid_rows_and_goals(adaptive_run):
         assert all(v > 0 for v in fixed.values()) and r["plain"] > 0 and r["adaptive"] > 0, r
         best = max(fixed, key=fixed.get)
         assert r["best_fixed_k"] == best
-        if ramp_row(r):
-            assert r["adaptive_over_plain"] == pytest.approx(r["adaptive"] / r["plain"])
+        if ramp_row(r):   # the ramp pairs its runs as the cells do (--quick: 2 pairs)
+            ramp = s["data"]["ramp"]
+            ratios = [a / p for p, a in zip(ramp["plain"]["runs"], ramp["adaptive"]["runs"])]
+            assert ramp["adaptive"]["over_plain_runs"] == pytest.approx(ratios)
+            assert r["adaptive_over_plain"] == pytest.approx(sum(ratios) / 2)
+            assert [len(ramp[c]["runs"]) for c in ("plain", "adaptive", "k1")] == [2, 2, 1]
         assert r["adaptive_over_best_fixed"] == pytest.approx(r["adaptive"] / fixed[best])
         ramp = "ramp" in r["pair"]
         met = r["adaptive_over_best_fixed"] >= (1.0 if ramp else 0.95) and \
