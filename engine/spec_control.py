@@ -239,12 +239,14 @@ class Calibration:
     padded: bool = False
     seconds: float = 0.0      # how long the calibration took
     catchup_token: float = 0.0   # seconds per token of the draft's KV-only catch-up forward
+    catchup_fixed: float = 0.0   # and per catch-up forward (eager: launch-bound at small sizes)
 
     def as_dict(self) -> dict:
         return {"batches": self.batches, "widths": self.widths, "padded": self.padded,
                 "target_seconds": [[round(t, 7) for t in row] for row in self.target],
                 "draft_pass_seconds": [round(t, 7) for t in self.draft],
                 "catchup_seconds_per_token": round(self.catchup_token, 9),
+                "catchup_seconds_fixed": round(self.catchup_fixed, 7),
                 "calibration_seconds": round(self.seconds, 3)}
 
 
@@ -315,7 +317,7 @@ class CostModel:
 
     def catchup_seconds(self, tokens: int) -> float:
         """The draft's forward over ``tokens`` committed tokens it skipped while k was 0."""
-        return tokens * self.cal.catchup_token
+        return self.cal.catchup_fixed + tokens * self.cal.catchup_token if tokens > 0 else 0.0
 
     def step_seconds(self, batch: int, k: int) -> float:
         """A steady step: verify k drafts, propose k."""

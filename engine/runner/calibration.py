@@ -105,22 +105,35 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
-    catchup = _catchup_seconds_per_token(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
+    fixed, per_token = _catchup_cost(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
     cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
-                      catchup_token=catchup)
+                      catchup_token=per_token, catchup_fixed=fixed)
     log.info("adaptive k: calibrated in %.2fs; target step (ms) by batch %s x width %s: %s; "
-             "draft pass (ms): %s; draft catch-up: %.2f us/token", cal.seconds, batches, widths,
-             [[round(t * 1e3, 3) for t in row] for row in target], [round(t * 1e3, 3) for t in draft],
-             catchup * 1e6)
+             "draft pass (ms): %s; draft catch-up: %.2f ms + %.2f us/token", cal.seconds, batches,
+             widths, [[round(t * 1e3, 3) for t in row] for row in target],
+             [round(t * 1e3, 3) for t in draft], fixed * 1e3, per_token * 1e6)
     return cal
 
 
-def _catchup_seconds_per_token(runner, blocks: list[int], k_max: int, rows: int, warmup: int,
-                               repeats: int) -> float:
-    """The draft's KV-only forward over ``rows`` x _CONTEXT committed tokens (what a request
-    pays to draft again after steps at k = 0), per token."""
+def _catchup_cost(runner, blocks: list[int], k_max: int, rows: int, warmup: int,
+                  repeats: int) -> tuple[float, float]:
+    """(seconds per catch-up forward, seconds per token) of the draft's KV-only forward over
+    committed tokens (what a request pays to draft again after steps at k = 0), from one row and
+    ``rows`` rows of _CONTEXT tokens each. It runs eager, so at small sizes it is launch-bound:
+    on an H100 the 0.6B-like draft took ~10 ms for 1 x 37 tokens and 16 x 32 alike. Priced
+    per token from the large forward alone (20 us), a probe's catch-up at batch 1 cost 14x its
+    price and a useless draft's probes cost a batch-1 cell 5-25%."""
     vocab = runner.vocab_size
-    items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(_CONTEXT)], 0, r.block_ids, 0)
-             for i, r in enumerate(_requests(rows, blocks, k_max))]
-    return _timed(lambda: runner._draft_forward(items), runner.device, warmup, repeats) / (rows * _CONTEXT)
+    reqs = _requests(rows, blocks, k_max)
 
+    def forward(n: int) -> Callable[[], object]:
+        items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(_CONTEXT)], 0, r.block_ids, 0)
+                 for i, r in enumerate(reqs[:n])]
+        return lambda: runner._draft_forward(items)
+
+    one = _timed(forward(1), runner.device, warmup, repeats)
+    if rows <= 1:
+        return 0.0, one / _CONTEXT
+    many = _timed(forward(rows), runner.device, warmup, repeats)
+    per_token = max(0.0, (many - one) / ((rows - 1) * _CONTEXT))
+    return max(0.0, one - per_token * _CONTEXT), per_token

@@ -244,6 +244,30 @@ def test_leaving_zero_must_pay_for_the_drafts_catch_up():
     assert _lagging(near_end, 16, lag=0, remaining=4) > 0     # nothing to catch up: no cost
 
 
+def test_a_catch_up_costs_its_forward_however_few_tokens_it_feeds():
+    """The catch-up is one eager draft forward, launch-bound at small sizes: on an H100 the
+    0.6B-like draft took ~10 ms for 37 tokens of one row as for 16 x 32. Priced per token from
+    the large forward (20 us a token, 0.7 ms for 37), a batch-1 probe cost 14x its price. A
+    cheap, always-right draft 5 tokens from the end: leaving 0 saves ~38 ms, which pays for a
+    few skipped tokens at 10 us each but not for a 50 ms forward; with nothing to catch up
+    there is no forward to pay."""
+    cal = _cal(0.05)
+    cal.catchup_token = 10e-6
+    per_token_only = KController(K, "adaptive", CostModel(cal))
+    cal_fixed = _cal(0.05)
+    cal_fixed.catchup_token, cal_fixed.catchup_fixed = 10e-6, 0.050
+    with_forward = KController(K, "adaptive", CostModel(cal_fixed))
+    for ctl in (per_token_only, with_forward):
+        for _ in range(200):
+            ctl.acceptance.record("x", 0, K, K)
+        ctl.current = 0
+    assert CostModel(cal_fixed).catchup_seconds(3) == pytest.approx(0.050 + 3 * 10e-6)
+    assert CostModel(cal_fixed).catchup_seconds(0) == 0.0
+    assert _lagging(per_token_only, 1, lag=3, remaining=5) > 0
+    assert _lagging(with_forward, 1, lag=3, remaining=5) == 0
+    assert _lagging(with_forward, 1, lag=0, remaining=5) > 0
+
+
 def test_probes_wait_until_their_catch_up_is_a_small_share_of_the_time_at_zero():
     cal = _cal(1.0)
     cal.catchup_token = 1e-3                  # 1 ms per skipped token: a probe over 64 rows is dear
