@@ -22,6 +22,10 @@ class ScheduledRequest:
     k: int                       # drafts verified this step (0 unless samples)
     k_next: int                  # drafts the draft model may propose after this step
     num_accepted: int = 0        # of the k drafts, accepted (set by Scheduler.update_from_output)
+    # a chunk that does not sample: whether the draft model's KV follows it this step. Adaptive k
+    # at k = 0 leaves it behind (SpecControl.plan): the draft catches up on the prompt, priced,
+    # in the step it drafts again, if it ever does
+    draft_level: bool = True
 
 
 @dataclass

@@ -66,7 +66,7 @@ class DecodeAhead:
         """Every scheduled request samples one token and the draft model (if any) has nothing to
         do: no drafts verified or proposed, no draft KV ahead to account for. Such a step's
         tokens can be read later."""
-        return (not so.is_empty and all(s.k == 0 for s in so.scheduled)
+        return (not so.is_empty and all(s.samples and s.k == 0 for s in so.scheduled)
                 and nothing_to_draft(so.scheduled))
 
     def launch(self, so: SchedulerOutput) -> LaunchedDecode:

@@ -61,7 +61,8 @@ class Drafter:
             req = s.request
             res = results.setdefault(req.request_id, RequestResult())
             if not s.samples:
-                _keep_level(s, res, kv_only)
+                if s.draft_level:
+                    _keep_level(s, res, kv_only)
                 continue
             accepted = res.sampled
             valid = _draft_kv_valid(req, len(accepted))
@@ -167,7 +168,8 @@ class Drafter:
         for s in scheduled:
             req = s.request
             if not s.samples:
-                _keep_level(s, results.setdefault(req.request_id, RequestResult()), kv_only)
+                if s.draft_level:
+                    _keep_level(s, results.setdefault(req.request_id, RequestResult()), kv_only)
                 continue
             sampling.append(req)
             caps.append(min(loop.k_max, s.k_next))

@@ -60,8 +60,9 @@ class Speculator:
 
 
 def nothing_to_draft(scheduled: list[ScheduledRequest]) -> bool:
-    """A step where the draft model has nothing to do: every request samples (no prefill chunk
-    to mirror), none may propose (k_next = 0) and none has draft KV ahead of its committed
-    tokens to account for, so every request's draft-KV progress stays as it is."""
-    return all(s.samples and not s.k_next and not s.request.num_draft_kv_ahead for s in scheduled)
+    """A step where the draft model has nothing to do: no prefill chunk for it to mirror
+    (``draft_level``), no request may propose (k_next = 0) and none has draft KV ahead of its
+    committed tokens to account for, so every request's draft-KV progress stays as it is."""
+    return all((not s.k_next and not s.request.num_draft_kv_ahead) if s.samples else not s.draft_level
+               for s in scheduled)
 

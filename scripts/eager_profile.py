@@ -1,0 +1,111 @@
+"""Why an eager forward costs what it costs: the bench's Qwen3-1.7B-like dummy target and its
+0.6B-like and 4-layer drafts (section adaptive's models), eager forwards (no CUDA graph: prefill
+chunks, mixed steps and the draft's catch-up run this way) of a few shapes, each timed wall-clock
+(synchronised), with its device kernels (torch.profiler: count and summed duration) and the host
+functions that cost the most (cProfile). Wall minus kernel time is what the host adds.
+
+    OUT=DIR PYTHONPATH=. python3 scripts/eager_profile.py [--tiny]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import time
+from pathlib import Path
+
+import torch
+
+from specserve.bench import adaptive as ad, shapes
+from specserve.bench.engines import ModelCache
+from specserve.engine.runner.inputs import ForwardItem
+
+
+def timed(fn, cuda: bool, repeats: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def kernels(fn, cuda: bool) -> tuple[int, float]:
+    if not cuda:
+        return 0, 0.0
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return len(evs), sum(e.device_time for e in evs) / 1e3   # us -> ms
+
+
+def host_top(fn, n: int = 14) -> str:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(5):
+        fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(n)
+    return "\n".join(line for line in s.getvalue().splitlines() if line.strip())[-3000:]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
+    a = p.parse_args()
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    s = ad.AdaptiveSettings(batch_sizes=(1, 16), temperatures=(0.0,), ks=(1, 2, 3, 4), prompt_len=32,
+                            output_len=32, cell_tokens=32, mid_layers=4, late_scale=0.05,
+                            ramp_requests=16, ramp_output_len=16, ramp_rate=2.0)
+    tshape, dshape = (shapes.TINY_TARGET, shapes.TINY_DRAFT) if a.tiny else \
+        (ad.TARGETS["1.7b"], shapes.QWEN3_06B_LIKE)
+    dirs = ad.model_dirs(Path("/tmp/eager"), tshape, dshape, s.mid_layers)
+    cache = ModelCache("cpu" if a.tiny else "cuda", "float32" if a.tiny else "bfloat16", "auto",
+                       1024, False, 0)
+    ad.load_pair_models(cache, dirs, s, seed=0)
+    report = []
+    for pair in ("unrelated", "mid"):
+        core = ad.build_core(cache, dirs["target"], dirs[pair], s)
+        runner = core.runner
+        cuda = runner.device.type == "cuda"
+        vocab = runner.vocab_size
+        for which, rows, tokens, logits in (("draft", 1, 32, 0), ("draft", 1, 128, 0), ("draft", 16, 32, 0),
+                                            ("target", 1, 32, 1), ("target", 4, 32, 1),
+                                            ("target", 16, 32, 1)):
+            if which == "target" and pair != "unrelated":
+                continue
+            per = -(-(tokens + 8) // runner.block_size)
+            items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(tokens)], 0,
+                                 list(range(i * per, (i + 1) * per)), logits) for i in range(rows)]
+
+            def fn(which=which, items=items):
+                return runner._draft_forward(items) if which == "draft" else runner._forward("target", items)
+
+            wall = timed(fn, cuda)
+            n, dev = kernels(fn, cuda)
+            line = (f"{pair:9s} {which:6s} rows {rows:3d} x {tokens:4d} tokens: wall {wall * 1e3:7.2f} ms, "
+                    f"{n} kernels, device {dev:6.2f} ms, host beyond device {wall * 1e3 - dev:6.2f} ms")
+            print(line, flush=True)
+            report.append(line)
+            if rows == 1 and tokens == 32:
+                top = host_top(fn)
+                report.append(top)
+                print(top, flush=True)
+        core = None
+    (out / "eager_profile.txt").write_text("\n".join(report) + "\n")
+
+
+if __name__ == "__main__":
+    main()
