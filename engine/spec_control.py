@@ -498,11 +498,14 @@ class KController:
 
     def hold_zero(self, batch: int) -> bool:
         """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
-        full evaluation at this batch size less than ZERO_RECHECK steps ago, and no probe due.
-        A held step counts as a step at 0 (probes, ``chosen_counts``) like a decided one."""
+        full evaluation in this batch bucket (the cost model's power of two: its step times are
+        one padded graph's) less than ZERO_RECHECK steps ago, and no probe due. A held step
+        counts as a step at 0 (probes, ``chosen_counts``) like a decided one. Holding only at
+        an unchanged batch size left a load ramp, whose batch changes every step, with a full
+        evaluation each step: ~1 ms of Python at 250 rows, and the ramp at 0.83x plain."""
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
-                or batch != self._held_batch or self._held >= self.ZERO_RECHECK - 1
-                or self.steps_at_zero + 1 >= self.explore_every):
+                or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
+                or self._held >= self.ZERO_RECHECK - 1 or self.steps_at_zero + 1 >= self.explore_every):
             return False
         self._held += 1
         self.steps_at_zero += 1
@@ -687,10 +690,12 @@ class SpecControl:
         ctl = self.controller
         ctl.acceptance.tick()
         if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
+            level = not self.at_zero
             for s in scheduled:
                 if s.samples:
                     s.k_next = 0
-            self._mark_prefill(scheduled)
+                else:
+                    s.draft_level = level
             return
         k_max, max_len = ctl.k_max, self.max_model_len
         sampling, rows = [], []

@@ -356,11 +356,12 @@ def test_plan_budgets_are_the_requests_spec_budget():
     assert [r.budget for r in seen] == [K, K, 2, 1, 0, 2, 1, 0]
 
 
-def test_a_hold_ends_on_a_new_batch_size_and_within_zero_recheck_steps():
+def test_a_hold_ends_on_a_new_batch_bucket_and_within_zero_recheck_steps():
     ctl = _bad_draft_controller()
     assert _engine_step(ctl, 8) == 0
     assert ctl.hold_zero(8)
-    assert not ctl.hold_zero(9)                 # another batch size: evaluate
+    assert ctl.hold_zero(6)                     # same bucket (5..8): the same padded step times
+    assert not ctl.hold_zero(9)                 # another bucket: evaluate
     ctl = KController(K, "adaptive", CostModel(_cal(0.05)))
     for _ in range(200):
         ctl.acceptance.record("x", 0, K, 0)
