@@ -238,8 +238,10 @@ class Calibration:
     draft: list[float]
     padded: bool = False
     seconds: float = 0.0      # how long the calibration took
-    catchup_token: float = 0.0   # seconds per token of the draft's KV-only catch-up forward
-    catchup_fixed: float = 0.0   # and per catch-up forward (eager: launch-bound at small sizes)
+    # the draft's KV-only catch-up forward over n tokens costs max(catchup_fixed, n x catchup_token):
+    # eager, it is launch-bound when small and compute-bound when large (calibration.py)
+    catchup_token: float = 0.0
+    catchup_fixed: float = 0.0
 
     def as_dict(self) -> dict:
         return {"batches": self.batches, "widths": self.widths, "padded": self.padded,
@@ -317,7 +319,7 @@ class CostModel:
 
     def catchup_seconds(self, tokens: int) -> float:
         """The draft's forward over ``tokens`` committed tokens it skipped while k was 0."""
-        return self.cal.catchup_fixed + tokens * self.cal.catchup_token if tokens > 0 else 0.0
+        return max(self.cal.catchup_fixed, tokens * self.cal.catchup_token) if tokens > 0 else 0.0
 
     def step_seconds(self, batch: int, k: int) -> float:
         """A steady step: verify k drafts, propose k."""

@@ -105,7 +105,7 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
-    fixed, per_token = _catchup_cost(runner, blocks, k_max, min(16, batches[-1]), warmup, repeats)
+    fixed, per_token = _catchup_cost(runner, k_max, min(16, batches[-1]), warmup, repeats)
     cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
                       catchup_token=per_token, catchup_fixed=fixed)
     log.info("adaptive k: calibrated in %.2fs; target step (ms) by batch %s x width %s: %s; "
@@ -115,25 +115,35 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
     return cal
 
 
-def _catchup_cost(runner, blocks: list[int], k_max: int, rows: int, warmup: int,
-                  repeats: int) -> tuple[float, float]:
-    """(seconds per catch-up forward, seconds per token) of the draft's KV-only forward over
-    committed tokens (what a request pays to draft again after steps at k = 0), from one row and
-    ``rows`` rows of _CONTEXT tokens each. It runs eager, so at small sizes it is launch-bound:
-    on an H100 the 0.6B-like draft took ~10 ms for 1 x 37 tokens and 16 x 32 alike. Priced
-    per token from the large forward alone (20 us), a probe's catch-up at batch 1 cost 14x its
-    price and a useless draft's probes cost a batch-1 cell 5-25%."""
+_CATCHUP_LONG = 128   # tokens a row in the large catch-up measured (16 rows: 2,048 tokens)
+
+
+def _catchup_cost(runner, k_max: int, rows: int, warmup: int, repeats: int) -> tuple[float, float]:
+    """(seconds of a small catch-up forward, seconds per token of a large one) of the draft's KV-only forward over
+    committed tokens (what a request pays to draft again after steps at k = 0), from one row of
+    _CONTEXT tokens and ``rows`` rows of _CATCHUP_LONG tokens each.
+
+    It runs eager, so a small one is launch-bound: on an H100 the 0.6B-like draft took ~10 ms
+    for 1 x 37 tokens and 16 x 32 alike. Priced per token from the 16 x 32 forward alone (20 us),
+    a probe's catch-up at batch 1 cost 14x its price. A large one is compute-bound: after 256
+    rows at k = 0 the self-draft's catch-up covered ~40k tokens of a 1.7B-like model, priced at
+    12 ms from two launch-bound points (1 x 32, 16 x 32) while it took a large share of a
+    second, and a probe it paid for held its batch-256 cell at 0.67x plain. So the price of a
+    catch-up is the larger of the small forward's time and its tokens at the large forward's
+    rate (``CostModel.catchup_seconds``): launch-bound below, compute-bound above."""
     vocab = runner.vocab_size
+    num_blocks = runner.draft_kv[0][0].shape[0]
+    long = max(_CONTEXT, min(_CATCHUP_LONG, (num_blocks - 1) * runner.block_size))
+    blocks = list(range(-(-long // runner.block_size)))
     reqs = _requests(rows, blocks, k_max)
 
-    def forward(n: int) -> Callable[[], object]:
-        items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(_CONTEXT)], 0, r.block_ids, 0)
+    def forward(n: int, tokens: int) -> Callable[[], object]:
+        items = [ForwardItem([(5 + 3 * i + j) % vocab for j in range(tokens)], 0, r.block_ids, 0)
                  for i, r in enumerate(reqs[:n])]
         return lambda: runner._draft_forward(items)
 
-    one = _timed(forward(1), runner.device, warmup, repeats)
-    if rows <= 1:
-        return 0.0, one / _CONTEXT
-    many = _timed(forward(rows), runner.device, warmup, repeats)
-    per_token = max(0.0, (many - one) / ((rows - 1) * _CONTEXT))
-    return max(0.0, one - per_token * _CONTEXT), per_token
+    one = _timed(forward(1, _CONTEXT), runner.device, warmup, repeats)
+    if rows * long <= _CONTEXT:
+        return one, one / _CONTEXT
+    many = _timed(forward(rows, long), runner.device, warmup, repeats)
+    return one, many / (rows * long)

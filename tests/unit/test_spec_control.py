@@ -247,7 +247,8 @@ def test_leaving_zero_must_pay_for_the_drafts_catch_up():
 def test_a_catch_up_costs_its_forward_however_few_tokens_it_feeds():
     """The catch-up is one eager draft forward, launch-bound at small sizes: on an H100 the
     0.6B-like draft took ~10 ms for 37 tokens of one row as for 16 x 32. Priced per token from
-    the large forward (20 us a token, 0.7 ms for 37), a batch-1 probe cost 14x its price. A
+    the 16 x 32 forward (20 us a token, 0.7 ms for 37), a batch-1 probe cost 14x its price; a
+    large one is priced at its tokens (40k tokens after 256 rows at k = 0: 0.4 s here). A
     cheap, always-right draft 5 tokens from the end: leaving 0 saves ~38 ms, which pays for a
     few skipped tokens at 10 us each but not for a 50 ms forward; with nothing to catch up
     there is no forward to pay."""
@@ -261,7 +262,8 @@ def test_a_catch_up_costs_its_forward_however_few_tokens_it_feeds():
         for _ in range(200):
             ctl.acceptance.record("x", 0, K, K)
         ctl.current = 0
-    assert CostModel(cal_fixed).catchup_seconds(3) == pytest.approx(0.050 + 3 * 10e-6)
+    assert CostModel(cal_fixed).catchup_seconds(3) == pytest.approx(0.050)          # launch-bound
+    assert CostModel(cal_fixed).catchup_seconds(40_000) == pytest.approx(0.400)     # compute-bound
     assert CostModel(cal_fixed).catchup_seconds(0) == 0.0
     assert _lagging(per_token_only, 1, lag=3, remaining=5) > 0
     assert _lagging(with_forward, 1, lag=3, remaining=5) == 0
