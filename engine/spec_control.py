@@ -493,6 +493,7 @@ class KController:
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
         self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
+        self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
     @property
     def adaptive(self) -> bool:
@@ -504,10 +505,16 @@ class KController:
         one padded graph's) less than ZERO_RECHECK steps ago, and no probe due. A held step
         counts as a step at 0 (probes, ``chosen_counts``) like a decided one. Holding only at
         an unchanged batch size left a load ramp, whose batch changes every step, with a full
-        evaluation each step: ~1 ms of Python at 250 rows, and the ramp at 0.83x plain."""
+        evaluation each step: ~1 ms of Python at 250 rows, and the ramp at 0.83x plain. A probe
+        that fell due but could not be afforded (its catch-up grows with the rows' lag, faster
+        than the time at 0 that pays for it at a large batch) is re-checked at the periodic
+        evaluations only: re-checked every step, it cost a full evaluation per step at batch
+        256 (3-6 ms of Python on the CPU machine; batch-256 cells at k = 0 read 0.90-0.94x
+        plain on the H100)."""
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
-                or self._held >= self.ZERO_RECHECK - 1 or self.steps_at_zero + 1 >= self.explore_every):
+                or self._held >= self.ZERO_RECHECK - 1
+                or (self.steps_at_zero + 1 >= self.explore_every and not self._probe_waiting)):
             return False
         self._held += 1
         self.steps_at_zero += 1
@@ -536,10 +543,13 @@ class KController:
         if best == 0:
             self.steps_at_zero += 1
             self.seconds_at_zero += seconds[0]
-            if self.steps_at_zero >= self.explore_every and self._probe_affordable(seconds, lag):
-                self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
-                self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
+            if self.steps_at_zero >= self.explore_every:
+                self._probe_waiting = not self._probe_affordable(seconds, lag)
+                if not self._probe_waiting:
+                    self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
+                    self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
         else:
+            self._probe_waiting = False
             self.steps_at_zero, self.seconds_at_zero = 0, 0.0
             if self.current != 0:                          # speculation paid beyond a probe
                 self.explore_every = self.EXPLORE_EVERY

@@ -342,6 +342,26 @@ def test_plan_holds_at_zero_and_decides_like_full_evaluations():
     assert len(evaluations) <= 400 // KController.ZERO_RECHECK + ks_held.count(1) + 2
 
 
+def test_a_probe_that_cannot_be_afforded_does_not_cost_a_full_evaluation_every_step():
+    """At a large batch the catch-up of a probe grows with the rows' lag faster than the time at
+    0 that pays for it, so a due probe may wait for good. It was re-checked in a full
+    evaluation every step (at 256 rows, 3-6 ms of Python on the CPU machine): now only at the
+    periodic ones, one step in ZERO_RECHECK."""
+    sc = _bad_draft_spec_control()
+    sc.controller.cost.cal.catchup_token = 1e-3      # 1 ms a skipped token: no probe is affordable
+    evaluations = []
+    real_decide = sc.controller.decide
+    sc.controller.decide = lambda rows: evaluations.append(len(rows)) or real_decide(rows)
+    ks = []
+    for _ in range(400):
+        scheduled = _scheduled(64, out=30)
+        sc.plan(scheduled)
+        ks.append(max(s.k_next for s in scheduled))
+    assert ks == [0] * 400
+    assert sc.controller.steps_at_zero >= 400 and sc.controller._probe_waiting
+    assert len(evaluations) <= 400 // KController.ZERO_RECHECK + 2
+
+
 def test_plan_budgets_are_the_requests_spec_budget():
     """Near max_tokens and the context end a row may take fewer drafts: plan hands the
     controller Request.spec_budget(k_max, max_model_len, 1) and the tokens left."""
