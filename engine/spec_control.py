@@ -599,12 +599,16 @@ class KController:
 
         Runs every step, so it is O(rows x k_max): one E table per distinct (rates, budget, pin);
         rows without their own history share their temperature bucket's table."""
-        free = []                          # rows that take whatever k the batch takes
+        free: dict = {}                    # rows that take whatever k the batch takes: table -> count
         groups: dict = {}                  # the others: (table, budget, pin) -> rows
         for r in rows:
             table = self.acceptance.table(r.request_id, r.bucket)
             if r.pinned is None and r.budget >= self.k_max:
-                free.append(table)
+                f = free.get(id(table))
+                if f is None:
+                    free[id(table)] = [table, 1]
+                else:
+                    f[1] += 1
                 continue
             key = (id(table), r.budget, r.pinned)
             g = groups.get(key)
@@ -612,7 +616,10 @@ class KController:
                 groups[key] = [table, r, 1]
             else:
                 g[2] += 1
-        total = [sum(col) for col in zip(*free)] if free else [0.0] * (self.k_max + 1)
+        total = [0.0] * (self.k_max + 1)
+        for table, n in free.values():
+            for k in range(self.k_max + 1):
+                total[k] += n * table[k]
         for table, r, n in groups.values():
             for k in range(self.k_max + 1):
                 total[k] += n * table[min(r.pinned if r.pinned is not None else k, r.budget)]
