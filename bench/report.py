@@ -161,10 +161,28 @@ def header_markdown(env: dict, settings: dict) -> str:
     for k, label in keys:
         v = env.get(k)
         lines.append(f"- **{label}:** `{v}`" if k == "command" else f"- **{label}:** {v if v else '–'}")
-    shown = ("quick", "dtype", "kernel_backend", "execution_mode", "k", "max_model_len", "prompt_len",
-             "output_len", "batch_sizes")
-    lines.append("- **Settings:** " + ", ".join(f"{k}={settings[k]}" for k in shown if k in settings))
+    lines.append("- **Settings:** " + ", ".join(f"{k}={settings[k]}" for k in _shown_settings(settings)
+                                                 if k in settings))
     return "\n".join(lines) + "\n"
+
+
+_COMMON = ("quick", "dtype", "kernel_backend")
+_DECODE = ("execution_mode", "k", "max_model_len", "prompt_len", "output_len", "batch_sizes")
+_ADAPTIVE = ("adaptive_target", "adaptive_pairs", "adaptive_batch_sizes", "adaptive_ks",
+             "adaptive_prompt_len", "adaptive_output_len", "adaptive_repeats", "adaptive_variants")
+
+
+def _shown_settings(settings: dict) -> tuple[str, ...]:
+    """The options the sections that ran used: section adaptive builds its own engines from the
+    adaptive_* options, the others share the decode ones (a run of adaptive alone listed the
+    decode defaults, which it never used)."""
+    sections = set(settings.get("sections") or ())
+    shown = _COMMON
+    if not sections or sections - {"adaptive"}:
+        shown += _DECODE
+    if "adaptive" in sections:
+        shown += _ADAPTIVE
+    return shown
 
 
 def summary_markdown(sections: list[Section]) -> str:

@@ -82,3 +82,19 @@ def test_units(value, kind, text):
     from specserve.bench.report import fmt
 
     assert fmt(value, kind) == text
+
+
+def test_the_header_lists_the_settings_of_the_sections_that_ran():
+    """Section adaptive alone used the adaptive_* options, not the decode ones it never read."""
+    from specserve.bench.report import header_markdown
+
+    base = {"quick": False, "dtype": "bfloat16", "kernel_backend": "auto", "execution_mode": "graphs",
+            "k": 4, "prompt_len": 128, "output_len": 128, "batch_sizes": (1, 16, 64),
+            "adaptive_batch_sizes": (1, 4), "adaptive_ks": (1, 2, 8), "adaptive_variants": ()}
+    alone = header_markdown({}, {**base, "sections": ("adaptive",)})
+    assert "adaptive_batch_sizes=(1, 4)" in alone and "prompt_len=" not in alone.replace("adaptive_prompt_len", "")
+    assert "execution_mode" not in alone
+    both = header_markdown({}, {**base, "sections": ("roofline", "adaptive")})
+    assert "batch_sizes=(1, 16, 64)" in both and "adaptive_ks=(1, 2, 8)" in both
+    decode = header_markdown({}, {**base, "sections": ("roofline",)})
+    assert "execution_mode=graphs" in decode and "adaptive_" not in decode
