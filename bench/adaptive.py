@@ -275,11 +275,8 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
         raise ValueError("measure_grid: 'plain' needs a plain engine (plain_core)")
     vocab = core.info.vocab_size
     out: dict = {c: {} for c in configs}
-    engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
+    engine, paired, order = _run_plan(core, plain_core, configs, repeats)
     warm = random_prompts(min(4, max(s.batch_sizes)), s.prompt_len, vocab, s.seed + 999)
-    variants = variants or {}
-    paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
-    order = paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
     for t in s.temperatures:
         for c in configs:        # a short warm-up per configuration and temperature
             with _config(engine[c], c, extra_graphs, variants):
@@ -295,16 +292,31 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
             for c in configs:
                 out[c].setdefault(t, {})[b] = _median_row(runs[c])
             for c in paired:
-                if c != "plain" and "plain" in paired:
-                    out[c][t][b]["over_plain_runs"] = [
-                        a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"] else None
-                        for p, a in zip(runs["plain"], runs[c])]
+                _pair_with_plain(out[c][t][b], runs, c)
             ahead = "; ".join(f"{c} {out[c][t][b]['ahead_steps']}/{out[c][t][b]['decode_steps']}"
                               for c in paired)
             progress(f"adaptive {label} T={t:g} batch {b} ({n} tok/request): "
                      + ", ".join(f"{c} {_fmt(out[c][t][b]['tok_per_s'])}" for c in configs)
                      + f" (decode steps that queued the next: {ahead})")
     return out
+
+
+def _run_plan(core: EngineCore, plain_core: Optional[EngineCore], configs: list[str],
+              repeats: int) -> tuple[dict[str, EngineCore], list[str], list[str]]:
+    """(the engine of each config, the configs run side by side, the order of the runs):
+    "plain" on ``plain_core`` when given; plain, adaptive and its variants first, then every
+    other config once, then ``repeats - 1`` more rounds of the paired ones."""
+    engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
+    paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
+    return engine, paired, paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
+
+
+def _pair_with_plain(row: dict, runs: dict[str, list[dict]], config: str) -> None:
+    """``over_plain_runs`` of an adaptive config's row: each of its runs over the plain run of
+    the same round."""
+    if config != "plain" and "plain" in runs:
+        row["over_plain_runs"] = [a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"]
+                                  else None for p, a in zip(runs["plain"], runs[config])]
 
 
 def _median_row(runs: list[dict]) -> dict:
@@ -379,9 +391,7 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
     adaptive and the variants run first side by side and ``repeats - 1`` more times after the
     fixed k (one run each): a config run more than once shows its median run, with every run's
     tok/s in ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
-    engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
-    paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
-    order = paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
+    engine, paired, order = _run_plan(core, plain_core, configs, repeats)
     # mixed prefill + decode steps appear only here: compile their kernels before timing
     warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
     for c in configs:
@@ -396,9 +406,7 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
                  f"peak batch {r['peak_batch']}, {r['ahead_steps']} of {r['steps']} steps queued the next")
     out = {c: _median_row(runs[c]) for c in configs}
     for c in paired:
-        if c != "plain" and "plain" in paired:
-            out[c]["over_plain_runs"] = [a["tok_per_s"] / p["tok_per_s"] if a["tok_per_s"] and p["tok_per_s"]
-                                         else None for p, a in zip(runs["plain"], runs[c])]
+        _pair_with_plain(out[c], runs, c)
     return out
 
 
@@ -445,6 +453,19 @@ def load_pair_models(cache: ModelCache, dirs: dict[str, str], s: AdaptiveSetting
     copy_prefix(target, mid)
     unrelated = cache.model(dirs["unrelated"], "dummy", seed + 1)
     return PairModels(target, mid, unrelated, softened)
+
+
+def script_models(root: Path, s: AdaptiveSettings, tiny: bool) -> tuple[dict[str, str], ModelCache]:
+    """The section's checkpoints and loaded models for a script (scripts/adaptive_decisions.py,
+    scripts/eager_profile.py): the 1.7B-like target and its drafts in bf16 on CUDA, or tiny
+    fp32 shapes on the CPU (a smoke run)."""
+    tshape, dshape = (shapes.TINY_TARGET, shapes.TINY_DRAFT) if tiny else \
+        (TARGETS["1.7b"], shapes.QWEN3_06B_LIKE)
+    dirs = model_dirs(root, tshape, dshape, s.mid_layers)
+    cache = ModelCache("cpu" if tiny else "cuda", "float32" if tiny else "bfloat16", "auto",
+                       1024, False, 0)
+    load_pair_models(cache, dirs, s, seed=0)
+    return dirs, cache
 
 
 def model_dirs(root: Path, target: shapes.ModelShape, draft: shapes.ModelShape,

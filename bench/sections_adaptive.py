@@ -155,14 +155,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                 row.update(pair=label, temperature=t, batch=str(b), label=f"{label}, T={t:g}, batch {b}",
                            mean_k=_mean_k(cell["adaptive"]["chosen_k"]),
                            accept_len=cell["adaptive"]["acceptance_length"], goal=goal)
-                for c in cell:
-                    if c.startswith("adaptive:"):
-                        runs = [r for r in cell[c].get("over_plain_runs", []) if r]
-                        tps = cell[c]["tok_per_s"]
-                        row[c] = tps
-                        row[f"{c}_over_plain"] = (statistics.median(runs) if runs else
-                                                  tps / row["plain"] if tps and row["plain"] else None)
-                        row[f"{c}_mean_k"] = _mean_k(cell[c]["chosen_k"])
+                _variant_columns(row, cell)
                 row["status_plain"] = at_least(row["adaptive_over_plain"], GOAL_PLAIN)
                 row["status_fixed"] = at_least(row["adaptive_over_best_fixed"], GOAL_FIXED)
                 row["status"] = _both(row["status_plain"], row["status_fixed"])
@@ -176,13 +169,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
             row["adaptive_over_plain"] = statistics.median(paired)
         peak = ramp["adaptive"]["peak_batch"]
         label = dict(PAIRS)[RAMP_PAIR]
-        for c in ramp:
-            if c.startswith("adaptive:"):
-                row[c] = ramp[c]["tok_per_s"]
-                runs = [r for r in ramp[c].get("over_plain_runs", []) if r]
-                row[f"{c}_over_plain"] = (statistics.median(runs) if runs else
-                                          row[c] / row["plain"] if row[c] and row["plain"] else None)
-                row[f"{c}_mean_k"] = _mean_k(ramp[c]["chosen_k"])
+        _variant_columns(row, ramp)
         row.update(pair=f"{label}, ramp", temperature=RAMP_TEMPERATURE, batch=f"1-{peak}-1",
                    label=f"{label}, ramp 1 -> {peak} -> 1", mean_k=_mean_k(ramp["adaptive"]["chosen_k"]),
                    accept_len=ramp["adaptive"]["acceptance_length"],
@@ -190,6 +177,18 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
         row["status"] = at_least(row["adaptive_over_best_fixed"], GOAL_RAMP)
         rows.append(row)
     return rows
+
+
+def _variant_columns(row: dict, results: dict) -> None:
+    """Each controller variant's tok/s, its ratio to no speculation (the median of its paired
+    runs, else its shown run's) and its mean k, from a cell's or the ramp's ``results``."""
+    for c, r in results.items():
+        if c.startswith("adaptive:"):
+            runs = [x for x in r.get("over_plain_runs", []) if x]
+            tps = row[c] = r["tok_per_s"]
+            row[f"{c}_over_plain"] = (statistics.median(runs) if runs else
+                                      tps / row["plain"] if tps and row["plain"] else None)
+            row[f"{c}_mean_k"] = _mean_k(r["chosen_k"])
 
 
 def _both(plain: str, fixed: str) -> str:

@@ -709,12 +709,7 @@ class SpecControl:
         ctl = self.controller
         ctl.acceptance.tick()
         if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
-            level = not self.at_zero
-            for s in scheduled:
-                if s.samples:
-                    s.k_next = 0
-                else:
-                    s.draft_level = level
+            self._mark(scheduled, hold=True)
             return
         k_max, max_len = ctl.k_max, self.max_model_len
         sampling, rows = [], []
@@ -732,18 +727,21 @@ class SpecControl:
             decision = ctl.decide(rows)
             for s, k in zip(sampling, decision.ks):
                 s.k_next = k
-        self._mark_prefill(scheduled)
+        self._mark(scheduled, hold=False)
 
-    def _mark_prefill(self, scheduled: list) -> None:
-        """Prefill chunks that do not sample feed the draft model only while the batch drafts:
-        at k = 0 a prompt's draft KV is left behind (``Row.lag``, priced by the controller when
-        it leaves 0). On an H100 the draft's eager forward over a chunk cost ~1.8 ms (4-layer
+    def _mark(self, scheduled: list, hold: bool) -> None:
+        """One pass over the step: a held step's sampling requests get k = 0 (``hold``), and
+        prefill chunks that do not sample feed the draft model only while the batch drafts: at
+        k = 0 a prompt's draft KV is left behind (``Row.lag``, priced by the controller when it
+        leaves 0). On an H100 the draft's eager forward over a chunk cost ~1.8 ms (4-layer
         draft) to ~12 ms (28 layers) whatever its length, in every step a request arrived, and
         held a load ramp at k = 0 to 0.93x plain decoding."""
         level = not self.at_zero
         for s in scheduled:
             if not s.samples:
                 s.draft_level = level
+            elif hold:
+                s.k_next = 0
 
     def record(self, scheduled: list) -> None:
         """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``)."""

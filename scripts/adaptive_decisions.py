@@ -16,8 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from specserve.bench import adaptive as ad, shapes
-from specserve.bench.engines import ModelCache, free_device_memory, random_prompts
+from specserve.bench import adaptive as ad
+from specserve.bench.engines import free_device_memory, random_prompts
 
 
 def main() -> None:
@@ -36,12 +36,7 @@ def main() -> None:
                             ks=tuple(range(1, 9)), prompt_len=32, output_len=128, cell_tokens=128,
                             mid_layers=4, late_scale=0.05, ramp_requests=256, ramp_output_len=128,
                             ramp_rate=2.0)
-    tshape, dshape = (shapes.TINY_TARGET, shapes.TINY_DRAFT) if a.tiny else \
-        (ad.TARGETS["1.7b"], shapes.QWEN3_06B_LIKE)
-    dirs = ad.model_dirs(Path("/tmp/decisions"), tshape, dshape, s.mid_layers)
-    cache = ModelCache("cpu" if a.tiny else "cuda", "float32" if a.tiny else "bfloat16", "auto",
-                       1024, False, 0)
-    ad.load_pair_models(cache, dirs, s, seed=0)
+    dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     res: dict = {"calibration": {}, "cells": {}}
     for pair in a.pairs.split(","):
         core = ad.build_core(cache, dirs["target"], None if pair == "none" else dirs[pair], s)

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.bench import adaptive as ad, shapes
-from specserve.bench.engines import ModelCache
+from specserve.bench import adaptive as ad
 from specserve.engine.runner.inputs import ForwardItem
 
 
@@ -69,12 +68,7 @@ def main() -> None:
     s = ad.AdaptiveSettings(batch_sizes=(1, 16), temperatures=(0.0,), ks=(1, 2, 3, 4), prompt_len=32,
                             output_len=32, cell_tokens=32, mid_layers=4, late_scale=0.05,
                             ramp_requests=16, ramp_output_len=16, ramp_rate=2.0)
-    tshape, dshape = (shapes.TINY_TARGET, shapes.TINY_DRAFT) if a.tiny else \
-        (ad.TARGETS["1.7b"], shapes.QWEN3_06B_LIKE)
-    dirs = ad.model_dirs(Path("/tmp/eager"), tshape, dshape, s.mid_layers)
-    cache = ModelCache("cpu" if a.tiny else "cuda", "float32" if a.tiny else "bfloat16", "auto",
-                       1024, False, 0)
-    ad.load_pair_models(cache, dirs, s, seed=0)
+    dirs, cache = ad.script_models(Path("/tmp/eager"), s, a.tiny)
     report = []
     for pair in ("unrelated", "mid"):
         core = ad.build_core(cache, dirs["target"], dirs[pair], s)
