@@ -82,7 +82,7 @@ class BenchContext:
         path = shapes.write_checkpoint(self.tmp / "extra" / shape.name, shape)
         o = self.opts
         cache = ModelCache(str(self.device), self.dtype, o.kernel_backend, o.max_model_len,
-                           o.enforce_eager, o.seed)
+                           o.enforce_eager, o.seed, o.ragged_graph_tokens)
         mb = self.max_batch()
         t0 = time.perf_counter()
         core = cache.core(str(path), None, 0, self.kv_blocks(mb), "dummy", max_num_seqs=max(mb, 1))
@@ -104,7 +104,8 @@ class BenchContext:
         if self._dummy_cache is None:
             o = self.opts
             self._dummy_cache = ModelCache(str(self.device), self.dtype, o.kernel_backend,
-                                           o.max_model_len, o.enforce_eager, o.seed)
+                                           o.max_model_len, o.enforce_eager, o.seed,
+                                           o.ragged_graph_tokens)
         return self._dummy_cache
 
     def dummy_core(self, flavour: str):
@@ -152,7 +153,8 @@ class BenchContext:
                 limit = min(read_model_spec(p).max_position_embeddings for p in dirs)
                 o = self.opts
                 self._pair_cache = ModelCache(str(self.device), self.dtype, o.kernel_backend,
-                                              min(o.max_model_len, limit), o.enforce_eager, o.seed)
+                                              min(o.max_model_len, limit), o.enforce_eager, o.seed,
+                                              o.ragged_graph_tokens)
             mb = self.max_batch()
             self._cores[key] = self._pair_cache.core(dirs[0], dirs[1] if flavour == "pair" else None,
                                                      self.opts.k if flavour == "pair" else 0,

@@ -41,12 +41,13 @@ class ModelCache:
     """Models loaded once per run, keyed by checkpoint directory."""
 
     def __init__(self, device: str, dtype: str, kernel_backend: str, max_model_len: int,
-                 enforce_eager: bool, seed: int = 0):
+                 enforce_eager: bool, seed: int = 0, ragged_graph_tokens: int = 1024):
         self.device = pick_device(device)
         self.dtype_name = dtype
         self.kernel_backend = kernel_backend
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
+        self.ragged_graph_tokens = ragged_graph_tokens
         self.seed = seed
         self._models: dict[str, LlamaFamilyModel] = {}
         self._tokenizers: dict[str, Any] = {}
@@ -85,7 +86,8 @@ class ModelCache:
                               block_size=block_size, num_kv_blocks=num_kv_blocks,
                               enable_prefix_caching=False, max_model_len=self.max_model_len,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              enforce_eager=self.enforce_eager)
+                              enforce_eager=self.enforce_eager,
+                              ragged_graph_tokens=self.ragged_graph_tokens)
         backend = pick_backend(self.kernel_backend, self.device)
         set_backend(backend)
         target = self.model(target_dir, load_format, self.seed)
@@ -95,7 +97,8 @@ class ModelCache:
                                 spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method)
         runner = ModelRunner(target, draft, KVLayout(num_kv_blocks, block_size, dtype, self.device),
                              settings, max_num_seqs, self.enforce_eager,
-                             max_step_tokens=max_num_batched_tokens)
+                             max_step_tokens=max_num_batched_tokens,
+                             ragged_graph_tokens=self.ragged_graph_tokens)
         tspec = target.spec
         tok = self.tokenizer(target_dir)
         eos = tspec.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
@@ -129,12 +132,16 @@ def execution_mode(core: EngineCore) -> dict:
     """How the runner executes steps: CUDA graphs or eager, and why (reported with every result)."""
     graphs = getattr(core.runner, "graphs", None) or {}
     captured = sorted(f"{which} q={q} batch<={max(g.buckets)}" for (which, q), g in graphs.items())
+    ragged = getattr(core.runner, "ragged", None) or {}
+    captured += sorted(f"{which} ragged tokens<={g.max_tokens}" for which, g in ragged.items())
     if core.info.device.startswith("cpu"):
         mode, why = "eager", "CPU"
     elif core.config.enforce_eager:
         mode, why = "eager", "--enforce-eager"
     elif captured:
-        mode, why = "cuda-graphs", "uniform decode/verify/draft batches; prefill eager"
+        prefill = (f"prefill/mixed/catch-up up to {max(g.max_tokens for g in ragged.values())} tokens "
+                   "ragged graphs, larger eager" if ragged else "prefill eager")
+        mode, why = "cuda-graphs", f"uniform decode/verify/draft batches; {prefill}"
     else:
         mode, why = "eager", "this runner captured no CUDA graphs"
     return {"mode": mode, "description": f"{mode} ({why})", "captured": captured}

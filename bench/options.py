@@ -22,6 +22,7 @@ class BenchOptions:
     dtype: Optional[str] = None             # None: bfloat16 on CUDA, float32 on CPU
     kernel_backend: str = "auto"
     enforce_eager: bool = False
+    ragged_graph_tokens: int = 1024          # engines' --ragged-graph-tokens (0: eager prefill)
     quick: bool = False
     sections: tuple[str, ...] = DEFAULT_SECTIONS
     seed: int = 0
@@ -136,6 +137,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-backend", choices=["auto", "torch", "triton"], default="auto",
                    help="auto: Triton on CUDA, the PyTorch reference on CPU")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--ragged-graph-tokens", type=int, default=None,
+                   help="the engines' --ragged-graph-tokens: prefill, mixed and catch-up forwards up to "
+                        "this many tokens replay CUDA graphs; 0 runs them eagerly (default 1024)")
     p.add_argument("--quick", action="store_true", help="tiny shapes and counts (CPU smoke run)")
     p.add_argument("--sections", type=_sections, default=DEFAULT_SECTIONS,
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but adaptive)")

@@ -166,7 +166,7 @@ def header_markdown(env: dict, settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-_COMMON = ("quick", "dtype", "kernel_backend")
+_COMMON = ("quick", "dtype", "kernel_backend", "ragged_graph_tokens")
 _DECODE = ("execution_mode", "k", "max_model_len", "prompt_len", "output_len", "batch_sizes")
 _ADAPTIVE = ("adaptive_target", "adaptive_pairs", "adaptive_batch_sizes", "adaptive_ks",
              "adaptive_prompt_len", "adaptive_output_len", "adaptive_repeats", "adaptive_variants")

@@ -46,7 +46,7 @@ def adaptive(ctx: BenchContext) -> Section:
     tshape, dshape = _shapes(ctx)
     dirs = ad.model_dirs(ctx.tmp / "adaptive", tshape, dshape, s.mid_layers)
     cache = ModelCache(str(ctx.device), ctx.dtype, o.kernel_backend, o.max_model_len,
-                       o.enforce_eager, o.seed)
+                       o.enforce_eager, o.seed, o.ragged_graph_tokens)
     pm = ad.load_pair_models(cache, dirs, s, o.seed)
     tbytes = ad.param_bytes(pm.target)
     models = {"target": tshape.name, "target_bytes": tbytes, "softened_layers": pm.softened_layers,

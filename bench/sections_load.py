@@ -198,6 +198,7 @@ def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:
             "--seed", str(o.seed), *extra]
     if o.enforce_eager:
         argv.append("--enforce-eager")
+    argv += ["--ragged-graph-tokens", str(o.ragged_graph_tokens)]
     return argv, desc
 
 

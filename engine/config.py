@@ -119,6 +119,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int = 1024
     enforce_eager: bool = False
+    # prefill chunks, mixed steps and catch-ups of up to this many tokens replay CUDA graphs
+    # captured per token bucket (engine/runner/ragged_graphs.py); 0 runs them eagerly
+    ragged_graph_tokens: int = 1024
     # queue each plain decode step on the device before the previous one's tokens are read
     # (engine/decode_ahead.py); exact, so on by default
     async_scheduling: bool = True
@@ -141,6 +144,8 @@ class EngineConfig:
             raise ConfigError("--max-num-seqs must be positive")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("--max-num-batched-tokens must be positive")
+        if self.ragged_graph_tokens < 0:
+            raise ConfigError("--ragged-graph-tokens must be >= 0 (0 turns the ragged graphs off)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("--max-model-len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -15,6 +15,7 @@ from specserve.engine.models.loader import load_model
 from specserve.engine.models.spec import (GENERATION_CONFIG, ModelSpec, generation_defaults,
                                           read_generation_config, read_model_spec)
 from specserve.engine.runner.cuda_graphs import graph_logits_bytes
+from specserve.engine.runner.ragged_graphs import ragged_graph_bytes
 from specserve.engine.runner.draft_loop import DraftLoop
 from specserve.engine.runner.model_runner import KVLayout, ModelRunner
 from specserve.engine.runner.settings import SpecSettings
@@ -177,6 +178,7 @@ def _num_blocks(config: EngineConfig, specs: list[ModelSpec], dtype: torch.dtype
         if not config.enforce_eager:   # the CUDA graphs' logits (captured after the cache)
             k_max = spec_cfg.num_speculative_tokens if spec_cfg.enabled else 0
             budget -= graph_logits_bytes(k_max, config.max_num_seqs, specs[0].vocab_size, elem)
+            budget -= sum(ragged_graph_bytes(s, config.ragged_graph_tokens, elem) for s in specs)
     else:
         needed = config.max_num_seqs * (max_model_len + config.block_size) * per_block // config.block_size
         budget = min(_CPU_DEFAULT_KV_BYTES, needed)
@@ -269,7 +271,8 @@ def load_models(config: EngineConfig) -> LoadedModels:
                             spec_cfg.draft_sample_method)
     runner = ModelRunner(target, draft, KVLayout(blocks, config.block_size, dtype, device), settings,
                          config.max_num_seqs, config.enforce_eager or backend != "triton" or tp is not None,
-                         tp=tp, max_step_tokens=config.max_num_batched_tokens)
+                         tp=tp, max_step_tokens=config.max_num_batched_tokens,
+                         ragged_graph_tokens=config.ragged_graph_tokens)
     eos = target_spec.eos_token_ids or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     info = EngineInfo(
         model_path=target_path, draft_model_path=draft_path,

@@ -1,8 +1,9 @@
-"""Why an eager forward costs what it costs: the bench's Qwen3-1.7B-like dummy target and its
-0.6B-like and 4-layer drafts (section adaptive's models), eager forwards (no CUDA graph: prefill
+"""Why an eager forward costs what it costs, and what a ragged CUDA graph of it costs: the
+bench's Qwen3-1.7B-like dummy target and its 0.6B-like and 4-layer drafts (section adaptive's models), eager forwards (no CUDA graph: prefill
 chunks, mixed steps and the draft's catch-up run this way) of a few shapes, each timed wall-clock
 (synchronised), with its device kernels (torch.profiler: count and summed duration) and the host
-functions that cost the most (cProfile). Wall minus kernel time is what the host adds.
+functions that cost the most (cProfile). Wall minus kernel time is what the host adds. Each shape
+runs eagerly and then through the runner's ragged CUDA graphs (engine/runner/ragged_graphs.py).
 
     OUT=DIR PYTHONPATH=. python3 scripts/eager_profile.py [--tiny]
 """
@@ -77,7 +78,8 @@ def main() -> None:
         vocab = runner.vocab_size
         for which, rows, tokens, logits in (("draft", 1, 32, 0), ("draft", 1, 128, 0), ("draft", 16, 32, 0),
                                             ("target", 1, 32, 1), ("target", 4, 32, 1),
-                                            ("target", 16, 32, 1)):
+                                            ("target", 16, 32, 1), ("target", 1, 512, 1),
+                                            ("target", 8, 128, 1)):
             if which == "target" and pair != "unrelated":
                 continue
             per = -(-(tokens + 8) // runner.block_size)
@@ -87,16 +89,25 @@ def main() -> None:
             def fn(which=which, items=items):
                 return runner._draft_forward(items) if which == "draft" else runner._forward("target", items)
 
-            wall = timed(fn, cuda)
-            n, dev = kernels(fn, cuda)
-            line = (f"{pair:9s} {which:6s} rows {rows:3d} x {tokens:4d} tokens: wall {wall * 1e3:7.2f} ms, "
-                    f"{n} kernels, device {dev:6.2f} ms, host beyond device {wall * 1e3 - dev:6.2f} ms")
-            print(line, flush=True)
-            report.append(line)
-            if rows == 1 and tokens == 32:
-                top = host_top(fn)
-                report.append(top)
-                print(top, flush=True)
+            ragged = runner.ragged
+            for mode in ("eager", "ragged graph"):
+                if mode == "ragged graph" and not ragged:
+                    continue
+                runner.ragged = ragged if mode == "ragged graph" else {}
+                try:
+                    wall = timed(fn, cuda)
+                    n, dev = kernels(fn, cuda)
+                    top = host_top(fn) if rows == 1 and tokens == 32 and mode == "eager" else None
+                finally:
+                    runner.ragged = ragged
+                line = (f"{pair:9s} {which:6s} rows {rows:3d} x {tokens:4d} tokens, {mode:12s}: wall "
+                        f"{wall * 1e3:7.2f} ms, {n} kernels, device {dev:6.2f} ms, host beyond device "
+                        f"{wall * 1e3 - dev:6.2f} ms")
+                print(line, flush=True)
+                report.append(line)
+                if top:
+                    report.append(top)
+                    print(top, flush=True)
         core = None
     (out / "eager_profile.txt").write_text("\n".join(report) + "\n")
 

@@ -128,6 +128,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "max_model_len to what it holds (with a warning) instead of refusing to start")
     c.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs (they are captured at start-up on GPU by default)")
+    c.add_argument("--ragged-graph-tokens", type=int, default=d.ragged_graph_tokens,
+                   help="prefill chunks, steps mixing prefill with decodes, and the draft's catch-up "
+                        "of up to this many tokens replay CUDA graphs captured per token bucket "
+                        "(16, 32, ... up to this) instead of launching every kernel from Python; "
+                        "0 runs them eagerly (default %(default)s)")
     c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
                    help="queue each plain decode step on the GPU before the previous step's tokens "
@@ -225,6 +230,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager,
+        ragged_graph_tokens=args.ragged_graph_tokens,
         async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         generation_config=args.generation_config,

@@ -24,6 +24,7 @@ from specserve.engine.runner.drafter import Drafter
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
 from specserve.engine.runner.launched import HostRead, LaunchedDecode
 from specserve.engine.runner.phase_clock import PhaseClock
+from specserve.engine.runner.ragged_graphs import RaggedGraphedForward
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.runner.speculator import Speculator
 from specserve.engine.runner.verifier import start_verification
@@ -53,9 +54,12 @@ def allocate_kv(spec: ModelSpec, layout: KVLayout) -> list[KVCache]:
 class ModelRunner:
     def __init__(self, target: LlamaFamilyModel, draft: Optional[LlamaFamilyModel], layout: KVLayout,
                  spec: SpecSettings, max_num_seqs: int = 64, enforce_eager: bool = True, tp=None,
-                 max_step_tokens: Optional[int] = None):
+                 max_step_tokens: Optional[int] = None, ragged_graph_tokens: int = 0):
         """``max_step_tokens``: the scheduler's token budget per step (--max-num-batched-tokens),
-        the largest forward the start-up warm-up may run (None: bounded by the cache only)."""
+        the largest forward the start-up warm-up may run (None: bounded by the cache only).
+        ``ragged_graph_tokens``: forwards of up to this many tokens that no uniform graph fits
+        (prefill chunks, mixed steps, catch-ups) replay ragged CUDA graphs (ragged_graphs.py)
+        when graphs are captured at all; 0 runs them eagerly."""
         if (draft is None) != (spec.num_speculative_tokens == 0):
             raise ValueError("a draft model needs num_speculative_tokens > 0, and k > 0 needs a draft")
         self.target, self.draft = target, draft
@@ -67,6 +71,7 @@ class ModelRunner:
         self.target_kv = allocate_kv(getattr(target, "kv_spec", target.spec), layout)
         self.draft_kv = allocate_kv(draft.spec, layout) if draft else []
         self.graphs: dict[tuple[str, int], GraphedForward] = {}
+        self.ragged: dict[str, RaggedGraphedForward] = {}
         k_max = spec.num_speculative_tokens
         max_blocks = min(layout.num_blocks, -(-(spec.max_model_len + k_max + 1) // layout.block_size))
         drafter = None
@@ -78,6 +83,7 @@ class ModelRunner:
         self.speculator = Speculator(spec, drafter, layout.device)
         if layout.device.type == "cuda" and not enforce_eager:
             self._capture_graphs(max_num_seqs, max_blocks)
+            self._capture_ragged(ragged_graph_tokens, max_step_tokens, max_num_seqs, max_blocks)
         if layout.device.type == "cuda":
             self._warm_up_sampling(max_num_seqs, layout.dtype)
             warm_up_eager(self, min(16, max_num_seqs), max_tokens=max_step_tokens)
@@ -117,6 +123,26 @@ class ModelRunner:
             self.graphs[(name, q)] = g
         if self.draft_loop is not None:
             self.draft_loop.capture()
+
+    def _capture_ragged(self, max_tokens: int, max_step_tokens: Optional[int], max_num_seqs: int,
+                        max_blocks: int) -> None:
+        """Ragged graphs for the target (up to the step's token budget) and the draft (whose
+        catch-up the budget does not cut), in the uniform graphs' memory pool."""
+        pool = next(iter(self.graphs.values())).pool if self.graphs else None
+        sizes = {"target": min(max_tokens, max_step_tokens or max_tokens)}
+        if self.draft is not None:
+            sizes["draft"] = max_tokens
+        models = {"target": (self.target, self.target_kv), "draft": (self.draft, self.draft_kv)}
+        for name, tokens in sizes.items():
+            if tokens <= 0:
+                continue
+            model, kv = models[name]
+            g = RaggedGraphedForward(model, kv, tokens, max_num_seqs, max_blocks, self.max_model_len,
+                                     self.block_size, self.device)
+            g.pool = pool
+            g.capture()
+            pool = g.pool
+            self.ragged[name] = g
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -171,6 +197,9 @@ class ModelRunner:
         graph = self._graph_for(which, items)
         if graph is not None:
             return graph.run(items, input_ids)
+        ragged = self.ragged.get(which)
+        if ragged is not None and input_ids is None and ragged.fits(items):
+            return ragged.run(items)
         model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
         bound = self.max_model_len if self.device.type == "cuda" else None
         inputs = build_inputs(items, self.block_size, self.device, bound)

@@ -179,6 +179,23 @@ def test_attention_prologue(qk_norm: bool, rot_dim: int, dtype: torch.dtype) -> 
     torch.testing.assert_close(caches[1], caches[3], atol=0, rtol=0, equal_nan=True)
 
 
+def test_paged_attention_as_a_ragged_graph_bucket() -> None:
+    """How a ragged CUDA graph calls it (engine/runner/ragged_graphs.py): the real requests, then
+    zero-length ones starting at the last real token, rows of no request up to the bucket, the
+    tile height chosen for a query as long as the bucket and the context bound set high."""
+    q_lens, seq_lens = MIXES["mixed"]
+    pad_reqs, bucket = 5, 80
+    case = make_paged_case(q_lens + [0] * pad_reqs, seq_lens + [0] * pad_reqs, 4, 2, 16, 16,
+                           torch.float32, seed=21, pad_rows=bucket - sum(q_lens))
+    from specserve.kernels import ref_layers, triton_attention
+
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale)
+    got = triton_attention.paged_attention(*args, bucket, 1024)
+    torch.testing.assert_close(got, ref_layers.paged_attention(*args), atol=1e-5, rtol=0)
+    assert (got[sum(q_lens):] == 0).all()
+
+
 def test_paged_attention_many_requests() -> None:
     """33 requests of random shapes: the tile -> request binary search over query_start_loc."""
     import random
