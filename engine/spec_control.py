@@ -461,7 +461,12 @@ class KController:
     # and the others cost a counter (``hold_zero``); they keep k = 0, which a full evaluation
     # would also choose unless one of those slow inputs crossed a threshold in between. Leaving
     # 0 is at most ZERO_RECHECK - 1 steps late, against a catch-up horizon of HORIZON_STEPS.
+    # A full evaluation costs Python per row (~1 ms at 256 rows on the 2-core CPU machine), so
+    # large batches recheck one step in batch / ZERO_RECHECK_ROWS instead: at batch 256, every
+    # 4th step's evaluation alone took ~0.3 ms a step there, where the H100 steps batch 256 in
+    # ~7.5 ms with the host as the bottleneck (cells at k = 0 read 0.89-0.95x plain).
     ZERO_RECHECK = 4
+    ZERO_RECHECK_ROWS = 16
     # The acceptance model learns position j only from verifications of at least j drafts: a
     # position past the current k keeps whatever its first few outcomes said. In a replay of the
     # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
@@ -499,10 +504,14 @@ class KController:
     def adaptive(self) -> bool:
         return self.mode == "adaptive"
 
+    def recheck_every(self, batch: int) -> int:
+        """Steps between full evaluations while held at k = 0 at this batch size."""
+        return max(self.ZERO_RECHECK, batch // self.ZERO_RECHECK_ROWS)
+
     def hold_zero(self, batch: int) -> bool:
         """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
         full evaluation in this batch bucket (the cost model's power of two: its step times are
-        one padded graph's) less than ZERO_RECHECK steps ago, and no probe due. A held step
+        one padded graph's) less than ``recheck_every(batch)`` steps ago, and no probe due. A held step
         counts as a step at 0 (probes, ``chosen_counts``) like a decided one. Holding only at
         an unchanged batch size left a load ramp, whose batch changes every step, with a full
         evaluation each step: ~1 ms of Python at 250 rows, and the ramp at 0.83x plain. A probe
@@ -513,7 +522,7 @@ class KController:
         plain on the H100)."""
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
-                or self._held >= self.ZERO_RECHECK - 1
+                or self._held >= self.recheck_every(batch) - 1
                 or (self.steps_at_zero + 1 >= self.explore_every and not self._probe_waiting)):
             return False
         self._held += 1
@@ -757,16 +766,21 @@ class SpecControl:
 
     def after_step(self, scheduled: list, stats) -> None:
         """Fill the step's speculation stats; a decode-only step also refines the cost model."""
-        sampling = [s for s in scheduled if s.samples]
         ctl = self.controller
-        stats.spec_chosen_k = [s.k_next for s in sampling]
-        if sampling and len(sampling) == len(scheduled) and stats.num_prompt_tokens == 0:
+        chosen: list[int] = []   # one pass: this runs every step over every row
+        k_verify = 0
+        for s in scheduled:
+            if s.samples:
+                chosen.append(s.k_next)
+                if s.k > k_verify:
+                    k_verify = s.k
+        stats.spec_chosen_k = chosen
+        if chosen and len(chosen) == len(scheduled) and stats.num_prompt_tokens == 0:
             host = None   # a step read after the next was queued: its host work, hidden
             if stats.host_wait_seconds is not None:
                 host = max(0.0, stats.step_seconds - stats.host_wait_seconds)
-            ctl.observe_step(len(sampling), max(s.k for s in sampling),
-                             max(stats.spec_chosen_k), stats.num_generation_tokens, stats.step_seconds,
-                             host)
+            ctl.observe_step(len(chosen), k_verify, max(chosen), stats.num_generation_tokens,
+                             stats.step_seconds, host)
         if ctl.last is not None:
             stats.spec_predicted_speedup = ctl.last.predicted_speedup
         stats.spec_measured_speedup = ctl.measured_speedup

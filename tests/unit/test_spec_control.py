@@ -394,6 +394,28 @@ def test_a_hold_ends_on_a_new_batch_bucket_and_within_zero_recheck_steps():
     assert ks[-1] > 0
 
 
+def test_large_batches_at_zero_evaluate_in_full_once_per_batch_over_16_steps():
+    """A full evaluation costs Python per row; at 256 rows one in four steps cost ~0.3 ms a step
+    on the CPU machine, where the H100 steps batch 256 in ~7.5 ms host-bound. Large batches
+    recheck one step in batch // 16, and still leave 0 within that many steps."""
+    ctl = _bad_draft_controller()
+    assert [ctl.recheck_every(b) for b in (1, 16, 64, 128, 256)] == [4, 4, 4, 8, 16]
+    evaluations = []
+    real_decide = ctl.decide
+    ctl.decide = lambda rows: evaluations.append(len(rows)) or real_decide(rows)
+    ks = [_engine_step(ctl, 256) for _ in range(320)]
+    assert set(ks) == {0} or ks.count(1) <= 2
+    assert len(evaluations) <= 320 // 16 + ks.count(1) + 2
+    cheap = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(200):
+        cheap.acceptance.record("x", 0, K, 0)
+    assert _engine_step(cheap, 256) == 0
+    for _ in range(400):                        # the draft turns good while the batch sits at 0
+        cheap.acceptance.record("x", 0, K, K)
+    later = [_engine_step(cheap, 256) for _ in range(cheap.recheck_every(256))]
+    assert later[:-1] == [0] * 15 and later[-1] > 0
+
+
 # ---- the k = 0 prediction when drafting steps wait for the host and plain steps run ahead ----
 # Device costs calibrated on an H100 (1.7B-like target, truncated draft; bench cost-fix run):
 # target + sampler at widths 1..9 for batches 1 / 16 / 64, one draft pass per batch.
