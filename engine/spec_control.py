@@ -242,6 +242,11 @@ class Calibration:
     # eager, it is launch-bound when small and compute-bound when large (calibration.py)
     catchup_token: float = 0.0
     catchup_fixed: float = 0.0
+    # up to catchup_graph_tokens it replays a ragged CUDA graph instead (runner/ragged_graphs.py):
+    # max(catchup_graph_fixed, n x catchup_graph_token); 0 tokens: no such graph
+    catchup_graph_tokens: int = 0
+    catchup_graph_token: float = 0.0
+    catchup_graph_fixed: float = 0.0
 
     def as_dict(self) -> dict:
         return {"batches": self.batches, "widths": self.widths, "padded": self.padded,
@@ -249,6 +254,9 @@ class Calibration:
                 "draft_pass_seconds": [round(t, 7) for t in self.draft],
                 "catchup_seconds_per_token": round(self.catchup_token, 9),
                 "catchup_seconds_fixed": round(self.catchup_fixed, 7),
+                "catchup_graph_tokens": self.catchup_graph_tokens,
+                "catchup_graph_seconds_per_token": round(self.catchup_graph_token, 9),
+                "catchup_graph_seconds_fixed": round(self.catchup_graph_fixed, 7),
                 "calibration_seconds": round(self.seconds, 3)}
 
 
@@ -318,8 +326,14 @@ class CostModel:
         return t + k_draft * d
 
     def catchup_seconds(self, tokens: int) -> float:
-        """The draft's forward over ``tokens`` committed tokens it skipped while k was 0."""
-        return max(self.cal.catchup_fixed, tokens * self.cal.catchup_token) if tokens > 0 else 0.0
+        """The draft's forward over ``tokens`` committed tokens it skipped while k was 0: a
+        ragged graph's replay up to its size, an eager forward beyond."""
+        cal = self.cal
+        if tokens <= 0:
+            return 0.0
+        if tokens <= cal.catchup_graph_tokens:
+            return max(cal.catchup_graph_fixed, tokens * cal.catchup_graph_token)
+        return max(cal.catchup_fixed, tokens * cal.catchup_token)
 
     def step_seconds(self, batch: int, k: int) -> float:
         """A steady step: verify k drafts, propose k."""

@@ -105,21 +105,26 @@ def calibrate(runner, max_num_seqs: int) -> Calibration:
         target.append([_timed(_target_step(runner, reqs, w), dev, warmup, repeats) for w in widths])
         rows = [LoopRow(r, [11, 12], _CONTEXT, k_max, 1) for r in reqs]
         draft.append(_timed(lambda: runner.draft_loop.run(rows), dev, warmup, repeats) / k_max)
-    fixed, per_token = _catchup_cost(runner, k_max, min(16, batches[-1]), warmup, repeats)
+    price = _catchup_cost(runner, k_max, min(16, batches[-1]), warmup, repeats)
     cal = Calibration(batches, widths, target, draft, padded=graphed, seconds=time.monotonic() - t0,
-                      catchup_token=per_token, catchup_fixed=fixed)
+                      **price)
+    graph = (f"; up to {cal.catchup_graph_tokens} tokens (ragged graph): "
+             f"{cal.catchup_graph_fixed * 1e3:.2f} ms + {cal.catchup_graph_token * 1e6:.2f} us/token"
+             if cal.catchup_graph_tokens else "")
     log.info("adaptive k: calibrated in %.2fs; target step (ms) by batch %s x width %s: %s; "
-             "draft pass (ms): %s; draft catch-up: %.2f ms + %.2f us/token", cal.seconds, batches,
-             widths, [[round(t * 1e3, 3) for t in row] for row in target],
-             [round(t * 1e3, 3) for t in draft], fixed * 1e3, per_token * 1e6)
+             "draft pass (ms): %s; draft catch-up: eager %.2f ms + %.2f us/token%s", cal.seconds,
+             batches, widths, [[round(t * 1e3, 3) for t in row] for row in target],
+             [round(t * 1e3, 3) for t in draft], cal.catchup_fixed * 1e3, cal.catchup_token * 1e6,
+             graph)
     return cal
 
 
 _CATCHUP_LONG = 128   # tokens a row in the large catch-up measured (16 rows: 2,048 tokens)
 
 
-def _catchup_cost(runner, k_max: int, rows: int, warmup: int, repeats: int) -> tuple[float, float]:
-    """(seconds of a small catch-up forward, seconds per token of a large one) of the draft's KV-only forward over
+def _catchup_cost(runner, k_max: int, rows: int, warmup: int, repeats: int) -> dict:
+    """The Calibration fields pricing the draft's catch-up (``catchup_*``). Eager: seconds of a
+    small catch-up forward, seconds per token of a large one, of the draft's KV-only forward over
     committed tokens (what a request pays to draft again after steps at k = 0), from one row of
     _CONTEXT tokens and ``rows`` rows of _CATCHUP_LONG tokens each.
 
@@ -130,7 +135,11 @@ def _catchup_cost(runner, k_max: int, rows: int, warmup: int, repeats: int) -> t
     12 ms from two launch-bound points (1 x 32, 16 x 32) while it took a large share of a
     second, and a probe it paid for held its batch-256 cell at 0.67x plain. So the price of a
     catch-up is the larger of the small forward's time and its tokens at the large forward's
-    rate (``CostModel.catchup_seconds``): launch-bound below, compute-bound above."""
+    rate (``CostModel.catchup_seconds``): launch-bound below, compute-bound above.
+
+    With the draft's ragged CUDA graphs (ragged_graphs.py) a catch-up of up to their size
+    replays one instead: the same two points are measured through the graphs (the large one
+    at their size), and the eager ones with the graphs set aside."""
     vocab = runner.vocab_size
     num_blocks = runner.draft_kv[0][0].shape[0]
     long = max(_CONTEXT, min(_CATCHUP_LONG, (num_blocks - 1) * runner.block_size))
@@ -142,8 +151,22 @@ def _catchup_cost(runner, k_max: int, rows: int, warmup: int, repeats: int) -> t
                  for i, r in enumerate(reqs[:n])]
         return lambda: runner._draft_forward(items)
 
-    one = _timed(forward(1, _CONTEXT), runner.device, warmup, repeats)
-    if rows * long <= _CONTEXT:
-        return one, one / _CONTEXT
-    many = _timed(forward(rows, long), runner.device, warmup, repeats)
-    return one, many / (rows * long)
+    def price(rows: int) -> tuple[float, float]:
+        one = _timed(forward(1, _CONTEXT), runner.device, warmup, repeats)
+        if rows * long <= _CONTEXT:
+            return one, one / _CONTEXT
+        return one, _timed(forward(rows, long), runner.device, warmup, repeats) / (rows * long)
+
+    graphs = getattr(runner, "ragged", None) or {}
+    runner.ragged = {w: g for w, g in graphs.items() if w != "draft"}
+    try:
+        fixed, per_token = price(rows)
+    finally:
+        runner.ragged = graphs
+    out = dict(catchup_fixed=fixed, catchup_token=per_token)
+    ragged = graphs.get("draft")
+    if ragged is not None and ragged.max_tokens >= _CONTEXT:
+        fixed, per_token = price(max(1, min(rows, ragged.max_tokens // long)))
+        out.update(catchup_graph_tokens=ragged.max_tokens, catchup_graph_fixed=fixed,
+                   catchup_graph_token=per_token)
+    return out

@@ -26,13 +26,24 @@ class _SleepingRunner:
     def _draft_forward(self, items) -> None:
         n = sum(len(it.token_ids) for it in items)
         self.sizes.append(n)
-        time.sleep(max(self.fixed, n * self.per_token))
+        graph = getattr(self, "ragged", {}).get("draft")
+        if graph is not None and n <= graph.max_tokens:
+            time.sleep(max(graph.fixed, n * graph.per_token))
+        else:
+            time.sleep(max(self.fixed, n * self.per_token))
+
+
+class _Graphs:
+    """Stands in for the draft's ragged graphs: up to ``max_tokens`` a replay costs
+    max(fixed, n x per_token)."""
+
+    def __init__(self, max_tokens: int, fixed: float, per_token: float):
+        self.max_tokens, self.fixed, self.per_token = max_tokens, fixed, per_token
 
 
 def _price(runner) -> CostModel:
-    fixed, per_token = _catchup_cost(runner, k_max=4, rows=16, warmup=1, repeats=3)
-    return CostModel(Calibration([1], [1], [[0.01]], [0.001], catchup_token=per_token,
-                                 catchup_fixed=fixed))
+    price = _catchup_cost(runner, k_max=4, rows=16, warmup=1, repeats=3)
+    return CostModel(Calibration([1], [1], [[0.01]], [0.001], **price))
 
 
 def test_a_small_catch_up_is_priced_at_its_launches_and_a_large_one_at_its_tokens():
@@ -52,3 +63,20 @@ def test_a_cache_too_small_for_the_large_point_still_prices_both_ends():
     assert max(runner.sizes) == 16 * 48
     assert cost.catchup_seconds(10) == pytest.approx(0.004, rel=0.5)
     assert cost.catchup_seconds(40_000) >= 0.4
+
+
+def test_with_ragged_graphs_a_catch_up_up_to_their_size_is_priced_as_a_replay():
+    """Eager: 10 ms a forward, 20 us a token beyond 500; replayed (up to 1,024 tokens): 1 ms,
+    2 us a token. A 37-token catch-up costs 1 ms, 1,000 tokens 2 ms, 40k tokens (eager) 0.8 s;
+    the eager price, measured with the graphs set aside, stays what it was."""
+    runner = _SleepingRunner(0.010, 20e-6)
+    runner.ragged = {"draft": _Graphs(1024, 0.001, 2e-6), "target": object()}
+    cost = _price(runner)
+    assert set(runner.ragged) == {"draft", "target"}          # put back after the eager points
+    cal = cost.cal
+    assert cal.catchup_graph_tokens == 1024
+    assert cost.catchup_seconds(37) == pytest.approx(0.001, rel=0.5)
+    assert cost.catchup_seconds(1000) == pytest.approx(0.002, rel=0.5)
+    assert cost.catchup_seconds(40_000) == pytest.approx(0.8, rel=0.5)
+    assert cal.catchup_fixed == pytest.approx(0.010, rel=0.5)
+    assert 1024 in runner.sizes and 2048 in runner.sizes
