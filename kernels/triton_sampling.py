@@ -304,19 +304,42 @@ def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> lis
 
 
 def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
-                   device: torch.device) -> tuple[list[int], list[tuple[int, int]]]:
-    """(draft-sampling row counts, rejection-sampling (requests, drafts) shapes) whose launches
-    reach every variant of the kernels: the tuning and the row pass's loop bound over B (k + 1)
-    rows, the final race's over B rows, and the output width over k."""
-    first: dict[tuple, tuple[int, int]] = {}
+                   device: torch.device) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """(draft-sampling row counts, rejection-sampling (requests, target rows, widest k) shapes)
+    whose launches reach every variant of the kernels: the tuning and the row pass's loop bound
+    over the target rows, the final race's over the requests, the output width over the widest
+    k. A batch's requests need not draft alike (near max_tokens a request takes fewer drafts),
+    so B requests whose widest has k drafts verify anywhere from B + k to B (k + 1) rows: a
+    warm-up of uniform batches only left variants that such a batch compiled mid-traffic (a
+    1-2.8 s stall each, H100, 2026-11-26)."""
+    max_rows = max(1, max_reqs) * (max_drafts + 1)
+    row_key = [None] + [(t, plan(vocab, r, device, tuning=t).tiles)
+                        for r in range(1, max_rows + 1) for t in (verification_tuning(r),)]
+    changes = [r for r in range(2, max_rows + 1) if row_key[r] != row_key[r - 1]]
+    race = {}
+    first: dict[tuple, tuple[int, int, int]] = {}
     for reqs in range(1, max(1, max_reqs) + 1):
         for k in range(max_drafts + 1):
-            t = verification_tuning(reqs * (k + 1))   # each tuning compiles variants of its own
-            key = (t, plan(vocab, reqs * (k + 1), device, tuning=t).tiles,
-                   race_plan(vocab, reqs, device, tuning=t).tiles, triton.next_power_of_2(k + 1))
-            first.setdefault(key, (reqs, k))
-    shapes = set(first.values())
-    return _representative_rows(vocab, max_reqs, device), sorted(shapes)
+            lo, hi = (reqs, reqs) if k == 0 else (reqs + k, reqs * (k + 1))
+            for rows in [lo] + [c for c in changes if lo < c <= hi]:
+                t, tiles = row_key[rows]
+                if (reqs, t) not in race:
+                    race[(reqs, t)] = race_plan(vocab, reqs, device, tuning=t).tiles
+                key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1))
+                first.setdefault(key, (reqs, rows, k))
+    return _representative_rows(vocab, max_reqs, device), sorted(first.values())
+
+
+def _ragged_drafts(reqs: int, total: int, widest: int) -> list[int]:
+    """Drafts per request: ``total`` over ``reqs`` requests, the first taking ``widest``, none
+    more."""
+    per, left = [], total
+    for i in range(reqs):
+        n = min(widest, left)
+        per.append(n)
+        left -= n
+    assert left == 0 and (not per or per[0] == widest), (reqs, total, widest)
+    return per
 
 
 def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs: bool,
@@ -341,13 +364,13 @@ def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs:
         logits = torch.randn(b, vocab, generator=gen, device=device).to(dtype)
         sample_draft(logits, *params(b), store_probs, stream=draft_stream(method))
         calls += 1
-    for reqs, k in shapes:
-        rows = reqs * (k + 1)
+    for reqs, rows, k in shapes:
+        per = _ragged_drafts(reqs, rows - reqs, k)
         logits = torch.randn(rows, vocab, generator=gen, device=device).to(dtype)
-        cu = torch.arange(0, (reqs + 1) * k, k, dtype=torch.int32, device=device) if k else \
-            torch.zeros(reqs + 1, dtype=torch.int32, device=device)
-        drafts = torch.zeros(reqs * k, dtype=torch.int64, device=device)
-        probs = torch.full((reqs * k, vocab), 1.0 / vocab, device=device) if with_probs and k else None
+        cu = torch.tensor([0] + per, dtype=torch.int32).cumsum(0).to(device=device, dtype=torch.int32)
+        n = rows - reqs
+        drafts = torch.zeros(n, dtype=torch.int64, device=device)
+        probs = torch.full((n, vocab), 1.0 / vocab, device=device) if with_probs and n else None
         rejection_sample(logits, cu, drafts, probs, *params(reqs), method, k)
         calls += 1
     if device.type == "cuda":

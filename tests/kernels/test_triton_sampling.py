@@ -254,16 +254,27 @@ else:
         tiles = lambda rows: TS.plan(vocab, rows, dev, tuning=TS.DRAFT_TUNING).tiles  # noqa: E731
         assert {tiles(b) for b in range(1, max_reqs + 1)} == {tiles(b) for b in draft_rows}
 
-        def variant(reqs: int, k: int) -> tuple:
+        row_key, race = {}, {}
+
+        def variant(reqs: int, k: int, rows: int) -> tuple:
             """What a verification compiles for: its tuning (chosen by its row count), the row
             pass's and the final race's loop bounds under it, and the output width."""
-            t = TS.verification_tuning(reqs * (k + 1))
-            return (t, TS.plan(vocab, reqs * (k + 1), dev, tuning=t).tiles,
-                    TS.race_plan(vocab, reqs, dev, tuning=t).tiles, 1 << k.bit_length())
+            if rows not in row_key:
+                t = TS.verification_tuning(rows)
+                row_key[rows] = (t, TS.plan(vocab, rows, dev, tuning=t).tiles)
+            t, tiles = row_key[rows]
+            if (reqs, t) not in race:
+                race[(reqs, t)] = TS.race_plan(vocab, reqs, dev, tuning=t).tiles
+            return (t, tiles, race[(reqs, t)], 1 << k.bit_length())
 
-        every = [(r, k) for r in range(1, max_reqs + 1) for k in range(max_drafts + 1)]
-        assert {variant(r, k) for r, k in every} <= {variant(r, k) for r, k in shapes}
-        assert all(r <= max_reqs and k <= max_drafts for r, k in shapes)
+        # every batch: B requests whose widest has k drafts verify B + k .. B (k + 1) rows (the
+        # others may draft fewer, near their max_tokens)
+        every = {variant(r, k, rows) for r in range(1, max_reqs + 1) for k in range(max_drafts + 1)
+                 for rows in (range(r, r + 1) if k == 0 else range(r + k, r * (k + 1) + 1))}
+        assert every <= {variant(r, k, rows) for r, rows, k in shapes}
+        assert len(shapes) == len({variant(r, k, rows) for r, rows, k in shapes})   # no repeats
+        assert all(r <= max_reqs and k <= max_drafts and (r + k <= rows <= r * (k + 1) if k else rows == r)
+                   for r, rows, k in shapes)
         # the partials' width is fixed per vocabulary and covers every plan's chunk count
         pad = TS._chunks_pad(vocab, 1024)
         assert all(TS.plan(vocab, rows, dev, tuning=t).num_chunks <= pad
