@@ -224,6 +224,19 @@ def test_batch_expected_tokens_equal_the_formula_row_by_row():
         assert got[k] == pytest.approx(want, rel=1e-12)
 
 
+def test_a_batch_at_its_last_tokens_leaves_the_k_for_the_next_request():
+    """Rows with no draft budget (their last token) tie every k; reading that as a choice of 0
+    held the next request at 0 (a hold, no draft KV for its prompt) for a recheck period."""
+    ctl = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, K, K)
+    assert _decide(ctl, 1) == K
+    d = ctl.decide([Row("last", 0, 0)])
+    assert d.ks == [0] and ctl.current == K
+    assert not ctl.hold_zero(1)                      # the next request is decided, not held
+    assert ctl.decide([Row("next", 0, K)]).ks == [K]
+
+
 def _lagging(ctl: KController, batch: int, lag: int, remaining: int) -> int:
     return ctl.decide([Row(f"r{i}", 0, K, lag=lag, remaining=remaining) for i in range(batch)]).k
 
