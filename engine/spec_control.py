@@ -325,6 +325,12 @@ class CostModel:
         d = _interp(cal.batches, cal.draft, batch, cal.padded) if k_draft else 0.0
         return t + k_draft * d
 
+    def measured(self, batch: int, k: int) -> bool:
+        """Whether steady steps at k have been measured at this batch's bucket (the measured
+        cell, not the calibration, predicts them)."""
+        cell = self.cells.get((self.bucket(batch), k))
+        return cell is not None and cell.count >= self.MIN_SAMPLES
+
     def catchup_seconds(self, tokens: int) -> float:
         """The draft's forward over ``tokens`` committed tokens it skipped while k was 0: a
         ragged graph's replay up to its size, an eager forward beyond."""
@@ -491,6 +497,15 @@ class KController:
     DEEPER_EVERY = 16
     DEEPER_LOSS = 0.10
     DEEPER_SAMPLES = 32
+    # k = 0 is predicted from the start-up calibration until plain steps are measured at the
+    # batch bucket, and a controller that drafts from the start never measures them. On an H100
+    # (truncated draft, T = 0, batch 16) k = 0 was predicted at 2.55 ms where it runs in 2.25
+    # ms, k = 3 looked 1.1-1.16x plain, and the cell read 0.80-0.94x plain. After
+    # ZERO_PROBE_AFTER steps drafting, a step goes to 0 (and holds there its recheck period,
+    # which measures it) when drafting is predicted to gain less than ZERO_PROBE_MARGIN and
+    # k = 0 is not measured at this bucket yet; a clear gain is left alone.
+    ZERO_PROBE_AFTER = 8
+    ZERO_PROBE_MARGIN = 1.2
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -512,6 +527,8 @@ class KController:
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
         self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
+        self.steps_drafting = 0      # steps at k > 0 since the last step at 0
+        self.zero_probes = 0         # steps sent to 0 to measure it (ZERO_PROBE_AFTER)
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
     @property
@@ -570,7 +587,15 @@ class KController:
         leaving_zero = best > 0 and self.current == 0   # (while drafting, new prompts go to the draft)
         if leaving_zero and lag and not self._catchup_pays(rows, tokens, goodput, best, lag):
             best = 0
+        if best > 0 and self.current > 0:
+            self.steps_drafting += 1
+            if (self.steps_drafting >= self.ZERO_PROBE_AFTER
+                    and goodput[best] < self.ZERO_PROBE_MARGIN * goodput[0]
+                    and not self.cost.measured(batch, 0)):
+                best = 0
+                self.zero_probes += 1
         if best == 0:
+            self.steps_drafting = 0
             self.steps_at_zero += 1
             self.seconds_at_zero += seconds[0]
             if self.steps_at_zero >= self.explore_every:
@@ -685,6 +710,7 @@ class KController:
         last = self.last
         return {"mode": self.mode, "k_max": self.k_max, "current_k": self.current,
                 "chosen_k_counts": list(self.chosen_counts),
+                "zero_probes": self.zero_probes,
                 "predicted_speedup": None if last is None else last.predicted_speedup,
                 "measured_speedup": self.measured_speedup,
                 "goodput_tokens_per_s": [] if last is None else [round(g, 2) for g in last.goodput],

@@ -237,6 +237,36 @@ def test_a_batch_at_its_last_tokens_leaves_the_k_for_the_next_request():
     assert ctl.decide([Row("next", 0, K)]).ks == [K]
 
 
+def _observed_steps(ctl: KController, batch: int, steps: int, seconds: dict) -> list[int]:
+    """Engine-like steps (held or decided), each observed at ``seconds[k > 0]``."""
+    ks, prev = [], 0
+    for _ in range(steps):
+        k = _engine_step(ctl, batch)
+        ctl.observe_step(batch, prev, k, batch * (2 if prev else 1), seconds[k > 0])
+        ks.append(k)
+        prev = k
+    return ks
+
+
+def test_a_near_tie_that_never_measured_plain_steps_goes_to_zero_to_measure_them():
+    """k = 1 is predicted 1.18x plain from the calibration (10 ms plain, 17 ms drafting), but
+    plain steps really take 8 ms: 1.06x the other way. Drafting from the start, the controller
+    never measured a plain step at this bucket; after ZERO_PROBE_AFTER steps it sends one to 0,
+    holds there (measuring it) and stays. A clear gain is never probed."""
+    ctl = KController(K, "adaptive", CostModel(_cal(0.7)))
+    for _ in range(300):
+        ctl.acceptance.record("x", 0, K, 1)          # E(1) = 2, nothing beyond
+    ks = _observed_steps(ctl, 16, 80, {False: 0.008, True: 0.017})
+    assert ks[1] == 1 and ctl.zero_probes >= 1
+    assert ks[-40:].count(0) >= 38                   # at 0 but for an exploring probe at 1
+    assert ctl.cost.measured(16, 0)
+    clear = KController(K, "adaptive", CostModel(_cal(0.05)))
+    for _ in range(300):
+        clear.acceptance.record("x", 0, K, K)
+    ks = _observed_steps(clear, 16, 80, {False: 0.010, True: 0.015})
+    assert clear.zero_probes == 0 and ks[-30:] == [K] * 30
+
+
 def _lagging(ctl: KController, batch: int, lag: int, remaining: int) -> int:
     return ctl.decide([Row(f"r{i}", 0, K, lag=lag, remaining=remaining) for i in range(batch)]).k
 
