@@ -501,11 +501,15 @@ class KController:
     # batch bucket, and a controller that drafts from the start never measures them. On an H100
     # (truncated draft, T = 0, batch 16) k = 0 was predicted at 2.55 ms where it runs in 2.25
     # ms, k = 3 looked 1.1-1.16x plain, and the cell read 0.80-0.94x plain. After
-    # ZERO_PROBE_AFTER steps drafting, a step goes to 0 (and holds there its recheck period,
-    # which measures it) when drafting is predicted to gain less than ZERO_PROBE_MARGIN and
-    # k = 0 is not measured at this bucket yet; a clear gain is left alone.
+    # ZERO_PROBE_AFTER steps drafting in one batch bucket, a step goes to 0 when drafting is
+    # predicted to gain less than ZERO_PROBE_MARGIN and k = 0 is not measured at this bucket
+    # yet, and holds there until it is (at most ZERO_PROBE_STEPS steps; prompt steps and the
+    # step that verifies the last drafts teach no plain cost), then decides in full. A bucket
+    # is probed at most ZERO_PROBES_PER_BUCKET times; a clear gain is left alone.
     ZERO_PROBE_AFTER = 8
     ZERO_PROBE_MARGIN = 1.2
+    ZERO_PROBE_STEPS = 8
+    ZERO_PROBES_PER_BUCKET = 2
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -527,8 +531,12 @@ class KController:
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
         self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
-        self.steps_drafting = 0      # steps at k > 0 since the last step at 0
+        self.steps_drafting = 0      # steps at k > 0 in one bucket since the last step at 0
+        self._drafting_bucket = -1   # ... that bucket
         self.zero_probes = 0         # steps sent to 0 to measure it (ZERO_PROBE_AFTER)
+        self._zero_probe: Optional[int] = None   # the bucket held at 0 until it is measured
+        self._zero_probe_steps = 0
+        self._zero_probe_counts: dict[int, int] = {}
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
     @property
@@ -551,6 +559,17 @@ class KController:
         evaluations only: re-checked every step, it cost a full evaluation per step at batch
         256 (3-6 ms of Python on the CPU machine; batch-256 cells at k = 0 read 0.90-0.94x
         plain on the H100)."""
+        if self._zero_probe is not None and self.current == 0 and self.force is None:
+            b = self.cost.bucket(batch)
+            if (b != self._zero_probe or self.cost.measured(batch, 0)
+                    or self._zero_probe_steps >= self.ZERO_PROBE_STEPS):
+                self._zero_probe = None   # measured (or given up): decide in full now
+                return False
+            self._zero_probe_steps += 1
+            self.steps_at_zero += 1
+            self.seconds_at_zero += self._held_seconds
+            self.chosen_counts[0] += batch
+            return True
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
                 or self._held >= self.recheck_every(batch) - 1
@@ -588,12 +607,18 @@ class KController:
         if leaving_zero and lag and not self._catchup_pays(rows, tokens, goodput, best, lag):
             best = 0
         if best > 0 and self.current > 0:
+            b = self.cost.bucket(batch)
+            if b != self._drafting_bucket:
+                self._drafting_bucket, self.steps_drafting = b, 0
             self.steps_drafting += 1
             if (self.steps_drafting >= self.ZERO_PROBE_AFTER
                     and goodput[best] < self.ZERO_PROBE_MARGIN * goodput[0]
-                    and not self.cost.measured(batch, 0)):
+                    and not self.cost.measured(batch, 0)
+                    and self._zero_probe_counts.get(b, 0) < self.ZERO_PROBES_PER_BUCKET):
                 best = 0
                 self.zero_probes += 1
+                self._zero_probe_counts[b] = self._zero_probe_counts.get(b, 0) + 1
+                self._zero_probe, self._zero_probe_steps = b, 0
         if best == 0:
             self.steps_drafting = 0
             self.steps_at_zero += 1

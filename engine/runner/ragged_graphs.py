@@ -44,22 +44,26 @@ TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """The token buckets captured for forwards of at most ``max_tokens`` tokens (none for 0)."""
+    """The token buckets captured for forwards of at most ``max_tokens`` tokens (none for 0):
+    the powers of two below it and the limit itself, rounded up to a multiple of 16 (a step
+    budget of 1,000 tokens would otherwise run its full chunks eagerly)."""
     if max_tokens <= 0:
         return []
-    return [t for t in TOKEN_BUCKETS if t <= max_tokens] or [TOKEN_BUCKETS[0]]
+    buckets = [t for t in TOKEN_BUCKETS if t < max_tokens]
+    return buckets + [-(-max_tokens // 16) * 16]
 
 
 def ragged_graph_bytes(spec: ModelSpec, max_tokens: int, elem: int) -> int:
     """Device memory one model's ragged graphs keep: the graph pool's peak (a layer's
-    activations at the largest bucket, counted generously) plus every bucket's output rows."""
+    activations at the largest bucket, counted generously) plus every bucket's rows kept
+    between pieces and as output (hidden and residual of the first piece, the output)."""
     buckets = token_buckets(max_tokens)
     if not buckets:
         return 0
     hidden = spec.hidden_size
     qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
     per_token = 6 * hidden + 3 * spec.intermediate_size + 2 * qkv
-    return buckets[-1] * per_token * elem + sum(buckets) * hidden * elem
+    return buckets[-1] * per_token * elem + 3 * sum(buckets) * hidden * elem
 
 
 class RaggedGraphedForward:

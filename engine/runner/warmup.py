@@ -61,10 +61,27 @@ def warm_up_eager(runner, rows: int, cuda_only: bool = True,
     models = [] if runner.tp is not None else ["target"]
     if runner.draft is not None:
         models.append("draft")
-    count = 0
     shapes = eager_shapes(rows)
     if budget < room:
         shapes.append((1, int(budget)))               # a long prompt's chunk at the budget
+    # the ragged CUDA graphs (captured before this) would replay most of these shapes: set
+    # them aside so the eager path's own variants compile (forwards beyond the graphs' size)
+    graphs = getattr(runner, "ragged", None)
+    if graphs:
+        runner.ragged = {}
+    try:
+        count = _run_shapes(runner, shapes, models, bs, room, budget)
+    finally:
+        if graphs:
+            runner.ragged = graphs
+    log.info("warmed up the eager forward at %d shapes (%s) in %.1fs", len(shapes),
+             " + ".join(models) or "none", time.monotonic() - t0)
+    return count
+
+
+def _run_shapes(runner, shapes: list[tuple[int, int]], models: list[str], bs: int, room: int,
+                budget: float) -> int:
+    count = 0
     for n_reqs, length in shapes:
         length = min(length, room)
         blocks = list(range(-(-(length + 1) // bs)))
@@ -81,6 +98,4 @@ def warm_up_eager(runner, rows: int, cuda_only: bool = True,
             for batch in batches:
                 runner._forward(which, batch)
                 count += 1
-    log.info("warmed up the eager forward at %d shapes (%s) in %.1fs", len(shapes),
-             " + ".join(models) or "none", time.monotonic() - t0)
     return count

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 def test_token_buckets_up_to_the_limit():
     assert token_buckets(0) == []
     assert token_buckets(10) == [16]
-    assert token_buckets(100) == [16, 32, 64]
+    assert token_buckets(100) == [16, 32, 64, 112]     # the limit itself, to a multiple of 16
+    assert token_buckets(1000) == [16, 32, 64, 128, 256, 512, 1008]
     assert token_buckets(1024) == [16, 32, 64, 128, 256, 512, 1024]
 
 
@@ -120,3 +121,18 @@ def test_an_engine_whose_eager_forwards_run_padded_gives_the_same_tokens(make_ll
     assert got == want
     assert used["target"] > 0 and used["draft"] > 0
     padded.core.kv.pool.check_all_free()
+
+
+def test_the_eager_warm_up_runs_eagerly_and_puts_the_graphs_back(make_llm):
+    """warm_up_eager exists to compile the eager path's kernel variants (forwards beyond the
+    graphs' size still run it): with ragged graphs present it sets them aside, then restores."""
+    from specserve.engine.runner.warmup import warm_up_eager
+
+    runner = make_llm("llama", max_model_len=160).core.runner
+    g = RaggedGraphedForward(runner.target, runner.target_kv, 64, 4, 12, runner.max_model_len,
+                             runner.block_size, runner.device)
+    calls = []
+    g.run = lambda items: calls.append(items)
+    runner.ragged = {"target": g}
+    assert warm_up_eager(runner, 2, cuda_only=False) > 0
+    assert calls == [] and runner.ragged == {"target": g}

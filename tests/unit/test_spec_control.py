@@ -232,8 +232,7 @@ def test_a_batch_at_its_last_tokens_leaves_the_k_for_the_next_request():
         ctl.acceptance.record("x", 0, K, K)
     assert _decide(ctl, 1) == K
     d = ctl.decide([Row("last", 0, 0)])
-    assert d.ks == [0] and ctl.current == K
-    assert not ctl.hold_zero(1)                      # the next request is decided, not held
+    assert d.ks == [0] and ctl.current == K          # so the next request is decided, not held
     assert ctl.decide([Row("next", 0, K)]).ks == [K]
 
 
@@ -257,7 +256,7 @@ def test_a_near_tie_that_never_measured_plain_steps_goes_to_zero_to_measure_them
     for _ in range(300):
         ctl.acceptance.record("x", 0, K, 1)          # E(1) = 2, nothing beyond
     ks = _observed_steps(ctl, 16, 80, {False: 0.008, True: 0.017})
-    assert ks[1] == 1 and ctl.zero_probes >= 1
+    assert ks[1] == 1 and ctl.zero_probes == 1       # held at 0 until measured: one probe
     assert ks[-40:].count(0) >= 38                   # at 0 but for an exploring probe at 1
     assert ctl.cost.measured(16, 0)
     clear = KController(K, "adaptive", CostModel(_cal(0.05)))
@@ -265,6 +264,18 @@ def test_a_near_tie_that_never_measured_plain_steps_goes_to_zero_to_measure_them
         clear.acceptance.record("x", 0, K, K)
     ks = _observed_steps(clear, 16, 80, {False: 0.010, True: 0.015})
     assert clear.zero_probes == 0 and ks[-30:] == [K] * 30
+
+
+def test_a_zero_probe_that_cannot_measure_gives_up_and_a_bucket_is_probed_at_most_twice():
+    """Plain steps that never get measured (no decode-only step observed) end a probe after
+    ZERO_PROBE_STEPS steps; drafting then resumes and the bucket is probed twice at most."""
+    ctl = KController(K, "adaptive", CostModel(_cal(0.7)))
+    for _ in range(300):
+        ctl.acceptance.record("x", 0, K, 1)
+    ks = [_engine_step(ctl, 16) for _ in range(200)]     # nothing observed
+    assert ctl.zero_probes == KController.ZERO_PROBES_PER_BUCKET
+    assert ks[-50:] == [1] * 50
+    assert max(len(run) for run in "".join(map(str, ks)).split("1")) <= KController.ZERO_PROBE_STEPS + 1
 
 
 def _lagging(ctl: KController, batch: int, lag: int, remaining: int) -> int:
