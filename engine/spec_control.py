@@ -534,8 +534,7 @@ class KController:
         self.steps_drafting = 0      # steps at k > 0 in one bucket since the last step at 0
         self._drafting_bucket = -1   # ... that bucket
         self.zero_probes = 0         # steps sent to 0 to measure it (ZERO_PROBE_AFTER)
-        self._zero_probe: Optional[int] = None   # the bucket held at 0 until it is measured
-        self._zero_probe_steps = 0
+        self._probing_zero = False   # held at 0 until plain steps are measured (a k = 0 probe)
         self._zero_probe_counts: dict[int, int] = {}
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
@@ -559,21 +558,14 @@ class KController:
         evaluations only: re-checked every step, it cost a full evaluation per step at batch
         256 (3-6 ms of Python on the CPU machine; batch-256 cells at k = 0 read 0.90-0.94x
         plain on the H100)."""
-        if self._zero_probe is not None and self.current == 0 and self.force is None:
-            b = self.cost.bucket(batch)
-            if (b != self._zero_probe or self.cost.measured(batch, 0)
-                    or self._zero_probe_steps >= self.ZERO_PROBE_STEPS):
-                self._zero_probe = None   # measured (or given up): decide in full now
-                return False
-            self._zero_probe_steps += 1
-            self.steps_at_zero += 1
-            self.seconds_at_zero += self._held_seconds
-            self.chosen_counts[0] += batch
-            return True
+        probing = self._probing_zero   # a k = 0 probe holds until measured, not a recheck period
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
-                or self._held >= self.recheck_every(batch) - 1
-                or (self.steps_at_zero + 1 >= self.explore_every and not self._probe_waiting)):
+                or self._held >= (self.ZERO_PROBE_STEPS if probing else self.recheck_every(batch) - 1)
+                or (probing and self.cost.measured(batch, 0))
+                or (not probing and self.steps_at_zero + 1 >= self.explore_every
+                    and not self._probe_waiting)):
+            self._probing_zero = False
             return False
         self._held += 1
         self.steps_at_zero += 1
@@ -618,7 +610,7 @@ class KController:
                 best = 0
                 self.zero_probes += 1
                 self._zero_probe_counts[b] = self._zero_probe_counts.get(b, 0) + 1
-                self._zero_probe, self._zero_probe_steps = b, 0
+                self._probing_zero = True
         if best == 0:
             self.steps_drafting = 0
             self.steps_at_zero += 1

@@ -312,17 +312,20 @@ def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
     so B requests whose widest has k drafts verify anywhere from B + k to B (k + 1) rows: a
     warm-up of uniform batches only left variants that such a batch compiled mid-traffic (a
     1-2.8 s stall each, H100, 2026-11-26)."""
+    def row_key(rows: int) -> tuple:
+        t = verification_tuning(rows)   # each tuning compiles variants of its own
+        return t, plan(vocab, rows, device, tuning=t).tiles
+
     max_rows = max(1, max_reqs) * (max_drafts + 1)
-    row_key = [None] + [(t, plan(vocab, r, device, tuning=t).tiles)
-                        for r in range(1, max_rows + 1) for t in (verification_tuning(r),)]
-    changes = [r for r in range(2, max_rows + 1) if row_key[r] != row_key[r - 1]]
+    row_keys = [None] + [row_key(r) for r in range(1, max_rows + 1)]
+    changes = [r for r in range(2, max_rows + 1) if row_keys[r] != row_keys[r - 1]]
     race = {}
     first: dict[tuple, tuple[int, int, int]] = {}
     for reqs in range(1, max(1, max_reqs) + 1):
         for k in range(max_drafts + 1):
             lo, hi = (reqs, reqs) if k == 0 else (reqs + k, reqs * (k + 1))
             for rows in [lo] + [c for c in changes if lo < c <= hi]:
-                t, tiles = row_key[rows]
+                t, tiles = row_keys[rows]
                 if (reqs, t) not in race:
                     race[(reqs, t)] = race_plan(vocab, reqs, device, tuning=t).tiles
                 key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1))

@@ -94,12 +94,69 @@ def capture_pieces(pieces: PieceFactory, pool) -> tuple[list[torch.cuda.CUDAGrap
     return graphs, state, pool
 
 
-class GraphedForward:
+class PiecewiseGraphs:
+    """A model's forward captured in pieces (``first_piece_layers``), one set of graphs per key
+    (a batch or token bucket), over static ``input_ids`` / ``positions`` buffers a subclass
+    owns with the attention metadata (``_tokens``, ``_meta``) and the last piece's result
+    (``_finish``)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+
+    def __init__(self, model: LlamaFamilyModel, kv: list[KVCache]):
+        self.model, self.kv = model, kv
+        layers = model.spec.num_layers
+        head = min(first_piece_layers(layers), layers)
+        self.pieces = [(0, head), (head, layers)] if head < layers else [(0, layers)]
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.carried: dict[int, list] = {}   # each piece's outputs: the next one's inputs
+        self.pool = None
+
+    def _tokens(self, key: int) -> int:
+        raise NotImplementedError
+
+    def _meta(self, key: int) -> AttentionMetadata:
+        raise NotImplementedError
+
+    def _finish(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last piece's result from the final-normed hidden states."""
+        raise NotImplementedError
+
+    def _run_piece(self, key: int, lo: int, hi: int, carried: Optional[tuple]):
+        """Layers lo..hi-1 on the static inputs: (hidden, residual) to carry on, or ``_finish``
+        after the last layer."""
+        n, model = self._tokens(key), self.model
+        x, residual = carried if lo > 0 else (model.embed_tokens(self.input_ids[:n]), None)
+        x, residual = model.run_layers(x, residual, self.positions[:n], self._meta(key), self.kv, lo, hi)
+        if hi < model.spec.num_layers:
+            return x, residual
+        return self._finish(model.final_norm(x, residual))
+
+    def _pieces(self, key: int) -> tuple[list, list]:
+        """The forward for ``key`` as one callable per piece, and the list of their outputs."""
+        outs: list = []
+
+        def piece(lo: int, hi: int) -> None:
+            outs.append(self._run_piece(key, lo, hi, outs[-1] if lo > 0 else None))
+
+        return [lambda lo=lo, hi=hi: piece(lo, hi) for lo, hi in self.pieces], outs
+
+    def _capture_all(self, keys: list[int]) -> None:
+        """Capture each key in turn (pass the largest first: the pool's peak is set by it)."""
+        for key in keys:
+            graphs, outs, self.pool = capture_pieces(lambda: self._pieces(key), self.pool)
+            self.graphs[key], self.outputs[key], self.carried[key] = graphs, outs[-1], outs
+        torch.cuda.synchronize()
+
+
+class GraphedForward(PiecewiseGraphs):
     """Graphs for one model and one query length ``q``, over batch buckets up to ``max_batch``."""
 
     def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], q: int, max_batch: int,
                  max_blocks: int, max_model_len: int, block_size: int, device: torch.device):
-        self.model, self.kv, self.q = model, kv, q
+        super().__init__(model, kv)
+        self.q = q
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.buckets = buckets_up_to(max_batch)
@@ -112,44 +169,21 @@ class GraphedForward:
         self.block_tables = torch.zeros((bmax, max_blocks), dtype=i32, device=device)
         self.qsl = torch.arange(0, (bmax + 1) * q, q, dtype=i32, device=device)
         self.seq_lens = torch.full((bmax,), q, dtype=i32, device=device)
-        layers = model.spec.num_layers
-        head = min(first_piece_layers(layers), layers)
-        self.pieces = [(0, head), (head, layers)] if head < layers else [(0, layers)]
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.carried: dict[int, list] = {}   # each piece's outputs: the next one's inputs
-        self.pool = None
+
+    def _tokens(self, b: int) -> int:
+        return b * self.q
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(self.slots[:b * self.q], self.block_tables[:b], self.qsl[:b + 1],
                                  self.seq_lens[:b], self.q, self.max_model_len)
 
-    def _run_piece(self, b: int, lo: int, hi: int, carried: Optional[tuple]):
-        """Layers lo..hi-1 on the static inputs: (hidden, residual) to carry on, or the logits
-        after the last layer."""
-        n, model = b * self.q, self.model
-        x, residual = carried if lo > 0 else (model.embed_tokens(self.input_ids[:n]), None)
-        x, residual = model.run_layers(x, residual, self.positions[:n], self._meta(b), self.kv, lo, hi)
-        if hi < model.spec.num_layers:
-            return x, residual
-        return model.compute_logits(model.final_norm(x, residual))
-
-    def _pieces(self, b: int) -> tuple[list, list]:
-        """The forward for bucket ``b`` as one callable per piece, and the list of their outputs."""
-        outs: list = []
-
-        def piece(lo: int, hi: int) -> None:
-            outs.append(self._run_piece(b, lo, hi, outs[-1] if lo > 0 else None))
-
-        return [lambda lo=lo, hi=hi: piece(lo, hi) for lo, hi in self.pieces], outs
+    def _finish(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
         t0 = time.monotonic()
-        for b in reversed(self.buckets):
-            graphs, outs, self.pool = capture_pieces(lambda: self._pieces(b), self.pool)
-            self.graphs[b], self.outputs[b], self.carried[b] = graphs, outs[-1], outs
-        torch.cuda.synchronize()
+        self._capture_all(list(reversed(self.buckets)))
         log.info("captured %d CUDA graphs (q=%d, batch <= %d, %d pieces each) for %s in %.1fs",
                  len(self.graphs), self.q, self.buckets[-1], len(self.pieces),
                  self.model.spec.architecture, time.monotonic() - t0)

@@ -82,8 +82,8 @@ class ModelRunner:
             drafter = Drafter(self._draft_forward, loop, spec, layout.device)
         self.speculator = Speculator(spec, drafter, layout.device)
         if layout.device.type == "cuda" and not enforce_eager:
-            self._capture_graphs(max_num_seqs, max_blocks)
-            self._capture_ragged(ragged_graph_tokens, max_step_tokens, max_num_seqs, max_blocks)
+            pool = self._capture_graphs(max_num_seqs, max_blocks)
+            self._capture_ragged(ragged_graph_tokens, max_step_tokens, max_num_seqs, max_blocks, pool)
         if layout.device.type == "cuda":
             self._warm_up_sampling(max_num_seqs, layout.dtype)
             warm_up_eager(self, min(16, max_num_seqs), max_tokens=max_step_tokens)
@@ -108,14 +108,16 @@ class ModelRunner:
         if calls:
             log.info("warmed up %d sampling kernel variants in %.1fs", calls, time.monotonic() - t0)
 
-    def _capture_graphs(self, max_num_seqs: int, max_blocks: int) -> None:
-        # the decode, the verification widths (adaptive k pads to the next one) and the draft's
-        # passes with logits processors
-        models = {"target": (self.target, self.target_kv), "draft": (self.draft, self.draft_kv)}
+    def _model_kv(self, which: str) -> tuple[LlamaFamilyModel, list[KVCache]]:
+        """The model called ``which`` ("target" or "draft") and its KV cache."""
+        return (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
+
+    def _capture_graphs(self, max_num_seqs: int, max_blocks: int):
+        """The decode, the verification widths (adaptive k pads to the next one) and the draft's
+        passes with logits processors; returns their memory pool."""
         pool = None   # one memory pool for every forward graph: they never run at once
         for name, q in forward_graph_plan(self.num_speculative_tokens):
-            model, kv = models[name]
-            g = GraphedForward(model, kv, q, max_num_seqs, max_blocks, self.max_model_len,
+            g = GraphedForward(*self._model_kv(name), q, max_num_seqs, max_blocks, self.max_model_len,
                                self.block_size, self.device)
             g.pool = pool
             g.capture()
@@ -123,22 +125,20 @@ class ModelRunner:
             self.graphs[(name, q)] = g
         if self.draft_loop is not None:
             self.draft_loop.capture()
+        return pool
 
     def _capture_ragged(self, max_tokens: int, max_step_tokens: Optional[int], max_num_seqs: int,
-                        max_blocks: int) -> None:
+                        max_blocks: int, pool) -> None:
         """Ragged graphs for the target (up to the step's token budget) and the draft (whose
-        catch-up the budget does not cut), in the uniform graphs' memory pool."""
-        pool = next(iter(self.graphs.values())).pool if self.graphs else None
+        catch-up the budget does not cut), in the uniform graphs' memory pool ``pool``."""
         sizes = {"target": min(max_tokens, max_step_tokens or max_tokens)}
         if self.draft is not None:
             sizes["draft"] = max_tokens
-        models = {"target": (self.target, self.target_kv), "draft": (self.draft, self.draft_kv)}
         for name, tokens in sizes.items():
             if tokens <= 0:
                 continue
-            model, kv = models[name]
-            g = RaggedGraphedForward(model, kv, tokens, max_num_seqs, max_blocks, self.max_model_len,
-                                     self.block_size, self.device)
+            g = RaggedGraphedForward(*self._model_kv(name), tokens, max_num_seqs, max_blocks,
+                                     self.max_model_len, self.block_size, self.device)
             g.pool = pool
             g.capture()
             pool = g.pool
@@ -200,7 +200,7 @@ class ModelRunner:
         ragged = self.ragged.get(which)
         if ragged is not None and input_ids is None and ragged.fits(items):
             return ragged.run(items)
-        model, kv = (self.target, self.target_kv) if which == "target" else (self.draft, self.draft_kv)
+        model, kv = self._model_kv(which)
         bound = self.max_model_len if self.device.type == "cuda" else None
         inputs = build_inputs(items, self.block_size, self.device, bound)
         if input_ids is not None:

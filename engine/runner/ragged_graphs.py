@@ -34,8 +34,8 @@ import torch
 
 from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
 from specserve.engine.models.spec import ModelSpec
-from specserve.engine.runner.cuda_graphs import capture_pieces, first_piece_layers
-from specserve.engine.runner.inputs import ForwardItem
+from specserve.engine.runner.cuda_graphs import PiecewiseGraphs
+from specserve.engine.runner.inputs import ForwardItem, flatten
 from specserve.engine.runner.transfer import host_buffer, host_tensor, to_device
 
 log = logging.getLogger("specserve.runner")
@@ -66,7 +66,7 @@ def ragged_graph_bytes(spec: ModelSpec, max_tokens: int, elem: int) -> int:
     return buckets[-1] * per_token * elem + 3 * sum(buckets) * hidden * elem
 
 
-class RaggedGraphedForward:
+class RaggedGraphedForward(PiecewiseGraphs):
     """One model's body as CUDA graphs, one per token bucket, for ragged batches of up to
     ``max_reqs`` requests. ``run`` stages the batch into static buffers, replays the bucket's
     graphs (or, before ``capture`` and on the CPU, runs the same padded forward eagerly: tests
@@ -74,7 +74,7 @@ class RaggedGraphedForward:
 
     def __init__(self, model: LlamaFamilyModel, kv: list[KVCache], max_tokens: int, max_reqs: int,
                  max_blocks: int, max_model_len: int, block_size: int, device: torch.device):
-        self.model, self.kv = model, kv
+        super().__init__(model, kv)
         self.buckets = token_buckets(max_tokens)
         if not self.buckets:
             raise ValueError("ragged graphs need max_tokens >= 1")
@@ -87,13 +87,6 @@ class RaggedGraphedForward:
         self.block_tables = torch.zeros((max_reqs, max_blocks), dtype=i32, device=device)
         self.qsl = torch.zeros(max_reqs + 1, dtype=i32, device=device)
         self.seq_lens = torch.zeros(max_reqs, dtype=i32, device=device)
-        layers = model.spec.num_layers
-        head = min(first_piece_layers(layers), layers)
-        self.pieces = [(0, head), (head, layers)] if head < layers else [(0, layers)]
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.carried: dict[int, list] = {}
-        self.pool = None
 
     @property
     def max_tokens(self) -> int:
@@ -104,25 +97,15 @@ class RaggedGraphedForward:
         return (0 < len(items) <= self.max_reqs and all(it.token_ids for it in items)
                 and sum(len(it.token_ids) for it in items) <= self.max_tokens)
 
+    def _tokens(self, t: int) -> int:
+        return t
+
     def _meta(self, t: int) -> AttentionMetadata:
         return AttentionMetadata(self.slots[:t], self.block_tables, self.qsl, self.seq_lens,
                                  max_query_len=t, max_seq_len=self.max_model_len)
 
-    def _run_piece(self, t: int, lo: int, hi: int, carried: Optional[tuple]):
-        model = self.model
-        x, residual = carried if lo > 0 else (model.embed_tokens(self.input_ids[:t]), None)
-        x, residual = model.run_layers(x, residual, self.positions[:t], self._meta(t), self.kv, lo, hi)
-        if hi < model.spec.num_layers:
-            return x, residual
-        return model.final_norm(x, residual)
-
-    def _pieces(self, t: int) -> tuple[list, list]:
-        outs: list = []
-
-        def piece(lo: int, hi: int) -> None:
-            outs.append(self._run_piece(t, lo, hi, outs[-1] if lo > 0 else None))
-
-        return [lambda lo=lo, hi=hi: piece(lo, hi) for lo, hi in self.pieces], outs
+    def _finish(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden   # the LM head runs after the replay, on the logit rows only
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -132,68 +115,48 @@ class RaggedGraphedForward:
         self.slots.fill_(-1)
         self.qsl.zero_()
         self.seq_lens.zero_()
-        for t in reversed(self.buckets):
-            graphs, outs, self.pool = capture_pieces(lambda: self._pieces(t), self.pool)
-            self.graphs[t], self.outputs[t], self.carried[t] = graphs, outs[-1], outs
-        torch.cuda.synchronize()
+        self._capture_all(list(reversed(self.buckets)))
         log.info("captured %d ragged CUDA graphs (tokens %s, <= %d requests) for %s in %.1fs",
                  len(self.graphs), "/".join(map(str, self.buckets)), self.max_reqs,
                  self.model.spec.architecture, time.monotonic() - t0)
 
-    def _stage(self, items: list[ForwardItem]) -> int:
-        """Copy the batch into the static buffers, padded; returns its token bucket."""
-        n = sum(len(it.token_ids) for it in items)
+    def _stage(self, items: list[ForwardItem]) -> tuple[int, list[int]]:
+        """Copy the batch into the static buffers, padded; returns its token bucket and the
+        rows whose logits are wanted."""
+        flat = flatten(items, self.block_size)
+        n = len(flat.ids)
         t = next(b for b in self.buckets if b >= n)
-        bs, dev = self.block_size, self.input_ids.device
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
+        dev = self.input_ids.device
         tables = host_buffer(tuple(self.block_tables.shape), torch.int32, dev)
         for r, it in enumerate(items):
-            k = len(it.token_ids)
-            ids.extend(it.token_ids)
-            p = range(it.start, it.start + k)
-            pos.extend(p)
-            slots.extend(it.block_ids[x // bs] * bs + x % bs for x in p)
-            qsl.append(qsl[-1] + k)
-            seq_lens.append(it.start + k)
             if it.block_ids:
                 tables[r, :len(it.block_ids)] = torch.tensor(it.block_ids, dtype=torch.int32)
         pad_tokens, pad_reqs = t - n, self.max_reqs - len(items)
-        ids += [0] * pad_tokens
-        pos += [0] * pad_tokens
-        slots += [-1] * pad_tokens
-        qsl += [n] * pad_reqs          # zero-length requests after the last real token
-        seq_lens += [0] * pad_reqs
-        self.input_ids[:t].copy_(host_tensor(ids, torch.int64, dev), non_blocking=True)
-        self.positions[:t].copy_(host_tensor(pos, torch.int64, dev), non_blocking=True)
-        self.slots[:t].copy_(host_tensor(slots, torch.int64, dev), non_blocking=True)
-        self.qsl.copy_(host_tensor(qsl, torch.int32, dev), non_blocking=True)
-        self.seq_lens.copy_(host_tensor(seq_lens, torch.int32, dev), non_blocking=True)
+        # rows of no request: token 0 at position 0, no KV write (slot -1); requests past the
+        # batch's: zero-length, starting after the last real token
+        for buf, values, pad, dtype in (
+                (self.input_ids[:t], flat.ids, [0] * pad_tokens, torch.int64),
+                (self.positions[:t], flat.positions, [0] * pad_tokens, torch.int64),
+                (self.slots[:t], flat.slots, [-1] * pad_tokens, torch.int64),
+                (self.qsl, flat.qsl, [n] * pad_reqs, torch.int32),
+                (self.seq_lens, flat.seq_lens, [0] * pad_reqs, torch.int32)):
+            buf.copy_(host_tensor(values + pad, dtype, dev), non_blocking=True)
         self.block_tables.copy_(tables, non_blocking=True)
-        return t
+        return t, flat.logit_rows
 
     @torch.inference_mode()
     def run(self, items: list[ForwardItem]) -> Optional[torch.Tensor]:
         """Logits [sum(num_logits), V] of ``items`` (None when none wants logits)."""
-        t = self._stage(items)
+        t, rows = self._stage(items)
         if t in self.graphs:
             for graph in self.graphs[t]:
                 graph.replay()
             hidden = self.outputs[t]
         else:
-            outs: list = []
-            for lo, hi in self.pieces:
-                outs.append(self._run_piece(t, lo, hi, outs[-1] if lo > 0 else None))
+            pieces, outs = self._pieces(t)
+            for piece in pieces:
+                piece()
             hidden = outs[-1]
-        rows: list[int] = []
-        base = 0
-        for it in items:
-            k = len(it.token_ids)
-            rows.extend(range(base + k - it.num_logits, base + k))
-            base += k
         if not rows:
             return None
         index = to_device(rows, torch.int64, hidden.device)

@@ -227,9 +227,7 @@ def test_batch_expected_tokens_equal_the_formula_row_by_row():
 def test_a_batch_at_its_last_tokens_leaves_the_k_for_the_next_request():
     """Rows with no draft budget (their last token) tie every k; reading that as a choice of 0
     held the next request at 0 (a hold, no draft KV for its prompt) for a recheck period."""
-    ctl = KController(K, "adaptive", CostModel(_cal(0.05)))
-    for _ in range(200):
-        ctl.acceptance.record("x", 0, K, K)
+    ctl = _trained(0.05, K, 200)
     assert _decide(ctl, 1) == K
     d = ctl.decide([Row("last", 0, 0)])
     assert d.ks == [0] and ctl.current == K          # so the next request is decided, not held
@@ -252,16 +250,12 @@ def test_a_near_tie_that_never_measured_plain_steps_goes_to_zero_to_measure_them
     plain steps really take 8 ms: 1.06x the other way. Drafting from the start, the controller
     never measured a plain step at this bucket; after ZERO_PROBE_AFTER steps it sends one to 0,
     holds there (measuring it) and stays. A clear gain is never probed."""
-    ctl = KController(K, "adaptive", CostModel(_cal(0.7)))
-    for _ in range(300):
-        ctl.acceptance.record("x", 0, K, 1)          # E(1) = 2, nothing beyond
+    ctl = _trained(0.7, 1, 300)                      # E(1) = 2, nothing beyond
     ks = _observed_steps(ctl, 16, 80, {False: 0.008, True: 0.017})
     assert ks[1] == 1 and ctl.zero_probes == 1       # held at 0 until measured: one probe
     assert ks[-40:].count(0) >= 38                   # at 0 but for an exploring probe at 1
     assert ctl.cost.measured(16, 0)
-    clear = KController(K, "adaptive", CostModel(_cal(0.05)))
-    for _ in range(300):
-        clear.acceptance.record("x", 0, K, K)
+    clear = _trained(0.05, K, 300)
     ks = _observed_steps(clear, 16, 80, {False: 0.010, True: 0.015})
     assert clear.zero_probes == 0 and ks[-30:] == [K] * 30
 
@@ -269,9 +263,7 @@ def test_a_near_tie_that_never_measured_plain_steps_goes_to_zero_to_measure_them
 def test_a_zero_probe_that_cannot_measure_gives_up_and_a_bucket_is_probed_at_most_twice():
     """Plain steps that never get measured (no decode-only step observed) end a probe after
     ZERO_PROBE_STEPS steps; drafting then resumes and the bucket is probed twice at most."""
-    ctl = KController(K, "adaptive", CostModel(_cal(0.7)))
-    for _ in range(300):
-        ctl.acceptance.record("x", 0, K, 1)
+    ctl = _trained(0.7, 1, 300)
     ks = [_engine_step(ctl, 16) for _ in range(200)]     # nothing observed
     assert ctl.zero_probes == KController.ZERO_PROBES_PER_BUCKET
     assert ks[-50:] == [1] * 50
@@ -353,11 +345,27 @@ def _engine_step(ctl: KController, batch: int) -> int:
     return 0 if ctl.hold_zero(batch) else _decide(ctl, batch)
 
 
-def _bad_draft_controller() -> KController:
-    ctl = KController(K, "adaptive", CostModel(_cal(1.0)))
-    for _ in range(200):
-        ctl.acceptance.record("x", 0, K, 0)
+def _trained(draft_per_target: float, accepted: int, outcomes: int) -> KController:
+    """A controller over ``_cal(draft_per_target)`` whose bucket 0 has seen ``outcomes``
+    verifications of K drafts, each accepting ``accepted``."""
+    ctl = KController(K, "adaptive", CostModel(_cal(draft_per_target)))
+    for _ in range(outcomes):
+        ctl.acceptance.record("x", 0, K, accepted)
     return ctl
+
+
+def _bad_draft_controller() -> KController:
+    return _trained(1.0, 0, 200)
+
+
+def _steps_after_the_draft_turns_good(batch: int) -> list[int]:
+    """A cheap draft that rejected everything holds ``batch`` at 0; then it accepts everything
+    while the batch sits at 0: the steps of the next recheck period."""
+    ctl = _trained(0.05, 0, 200)
+    assert _engine_step(ctl, batch) == 0
+    for _ in range(400):
+        ctl.acceptance.record("x", 0, K, K)
+    return [_engine_step(ctl, batch) for _ in range(ctl.recheck_every(batch))]
 
 
 def _scheduled(n: int, max_tokens: int = 1000, prompt: int = 20, out: int = 0) -> list[ScheduledRequest]:
@@ -438,14 +446,8 @@ def test_a_hold_ends_on_a_new_batch_bucket_and_within_zero_recheck_steps():
     assert ctl.hold_zero(8)
     assert ctl.hold_zero(6)                     # same bucket (5..8): the same padded step times
     assert not ctl.hold_zero(9)                 # another bucket: evaluate
-    ctl = KController(K, "adaptive", CostModel(_cal(0.05)))
-    for _ in range(200):
-        ctl.acceptance.record("x", 0, K, 0)
-    assert _engine_step(ctl, 1) == 0
-    for _ in range(400):                        # the draft turns good while the batch sits at 0
-        ctl.acceptance.record("x", 0, K, K)
-    ks = [_engine_step(ctl, 1) for _ in range(ctl.ZERO_RECHECK)]
-    assert ks[-1] > 0
+    ks = _steps_after_the_draft_turns_good(1)
+    assert len(ks) == KController.ZERO_RECHECK and ks[-1] > 0
 
 
 def test_large_batches_at_zero_evaluate_in_full_once_per_batch_over_16_steps():
@@ -460,13 +462,7 @@ def test_large_batches_at_zero_evaluate_in_full_once_per_batch_over_16_steps():
     ks = [_engine_step(ctl, 256) for _ in range(320)]
     assert set(ks) == {0} or ks.count(1) <= 2
     assert len(evaluations) <= 320 // 16 + ks.count(1) + 2
-    cheap = KController(K, "adaptive", CostModel(_cal(0.05)))
-    for _ in range(200):
-        cheap.acceptance.record("x", 0, K, 0)
-    assert _engine_step(cheap, 256) == 0
-    for _ in range(400):                        # the draft turns good while the batch sits at 0
-        cheap.acceptance.record("x", 0, K, K)
-    later = [_engine_step(cheap, 256) for _ in range(cheap.recheck_every(256))]
+    later = _steps_after_the_draft_turns_good(256)
     assert later[:-1] == [0] * 15 and later[-1] > 0
 
 
