@@ -136,3 +136,26 @@ def test_the_eager_warm_up_runs_eagerly_and_puts_the_graphs_back(make_llm):
     runner.ragged = {"target": g}
     assert warm_up_eager(runner, 2, cuda_only=False) > 0
     assert calls == [] and runner.ragged == {"target": g}
+
+
+def test_the_uniform_graphs_pieces_compute_the_eager_forward(make_llm):
+    """GraphedForward shares PiecewiseGraphs with the ragged graphs; its capture needs a GPU, but
+    its pieces, run eagerly on staged static buffers, must give the eager forward's logits."""
+    from specserve.engine.runner.cuda_graphs import GraphedForward
+
+    runner = make_llm("llama").core.runner
+    g = GraphedForward(runner.target, runner.target_kv, 3, 4, 8, runner.max_model_len,
+                       runner.block_size, runner.device)
+    items = [ForwardItem([5, 6, 7], 10, [1], 3), ForwardItem([9, 10, 11], 4, [2], 3)]
+    want = runner._forward("target", items)
+    bs = runner.block_size
+    g.input_ids[:6] = torch.tensor([5, 6, 7, 9, 10, 11])
+    g.positions[:6] = torch.tensor([10, 11, 12, 4, 5, 6])
+    g.slots[:6] = torch.tensor([bs + 10, bs + 11, bs + 12, 2 * bs + 4, 2 * bs + 5, 2 * bs + 6])
+    g.seq_lens[:2] = torch.tensor([13, 7])
+    g.block_tables[0, 0], g.block_tables[1, 0] = 1, 2
+    pieces, outs = g._pieces(2)
+    for piece in pieces:
+        piece()
+    assert len(g.pieces) == 2
+    torch.testing.assert_close(outs[-1], want, atol=1e-5, rtol=1e-5)
