@@ -10,6 +10,8 @@ flight per step, programs per SM of the row pass and of the final race, warps, t
 split greedy/sampled loops, parallel accept tests), as CUDA-graph replays, and reports the
 best per cell next to the default. It runs the legacy and default rows of every cell first and
 the variations while ``--budget-s`` lasts (B >= 64 first), writing ``<out>.json`` / ``.md``.
+On the GPU the legacy and default rows also split their device time by kernel (row pass,
+final race, finalize; torch.profiler).
 
 For every batch size B and draft count k (V = 151,936 bf16 logits by default) it reports the
 median time of ``kernels.triton_sampling.rejection_sample`` twice: the call as Python makes it
@@ -218,6 +220,26 @@ def _graph_ms(fn: Callable[[], object], rep: int = 100) -> float:
 VLLM_MRV2_US = {(64, 3): 108.0, (64, 5): 140.0, (256, 3): 387.0}
 
 
+def kernel_us(fn: Callable[[], object], reps: int = 20) -> dict[str, float]:
+    """Mean device microseconds per call of each kernel ``fn`` launches (torch.profiler over
+    ``reps`` eager calls; a kernel's device time does not depend on how it was launched), so a
+    sweep shows which of the sampler's passes holds the time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "kernel" in ev.key:
+            out[ev.key] = out.get(ev.key, 0.0) + ev.device_time_total / reps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def sweep_candidates() -> list[tuple[str, object, int]]:
     """(label, Tuning, priority): legacy and default first (priority 0), then one knob at a time
     around the default (1: the knobs most likely to matter at B >= 64, 2: the rest)."""
@@ -230,6 +252,9 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
+    out += [(f"race_unroll={u}", replace(d, race_unroll=u), 1) for u in (2, 4)]
+    out += [(f"race_unroll={u},race_waves={w}", replace(d, race_unroll=u, race_waves=w), 1)
+            for u, w in ((2, 4), (4, 4), (4, 2))]
     out += [("row_warps=8", replace(d, row_warps=8), 2), ("race_warps=8", replace(d, race_warps=8), 2),
             ("block=2048", replace(d, block=2048), 2), ("block=512", replace(d, block=512), 2),
             ("unsplit", replace(d, split=False), 2), ("serial_accept", replace(d, parallel_accept=False), 2),
@@ -296,13 +321,20 @@ def sweep(args: argparse.Namespace) -> dict:
             pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
             nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
                                     pr.num_chunks, args.method, x["q"] is not None)
+            kernels = None
+            if args.device == "cuda" and prio == 0:      # where the time goes, per pass
+                kernels = kernel_us(lambda: TS.rejection_sample(  # noqa: E731
+                    x["target"], x["cu_dev"], x["drafts"], x["q"], *x["params"], x["seeds"],
+                    x["positions"], args.method, k, tuning=tuning))
             rows.append(dict(B=b, k=k, label=label, tuning=dataclasses.asdict(tuning),
                              device_ms=ms, frac_copy_bw=nbytes / (ms * 1e-3) / bw, bytes=nbytes,
                              row_chunks=pl.num_chunks, race_chunks=pr.num_chunks,
-                             same_tokens=bool(torch.equal(got, x["want"]))))
+                             same_tokens=bool(torch.equal(got, x["want"])), kernels_us=kernels))
+            split = "" if kernels is None else "  " + ", ".join(
+                f"{name.replace('_kernel', '')} {us:.1f}" for name, us in kernels.items())
             print(f"B={b:>4} k={k} {label:<18} {ms * 1e3:9.1f} us  "
                   f"{100 * rows[-1]['frac_copy_bw']:5.1f}% of copy  chunks {pl.num_chunks}/"
-                  f"{pr.num_chunks}  same tokens {rows[-1]['same_tokens']}", flush=True)
+                  f"{pr.num_chunks}  same tokens {rows[-1]['same_tokens']}{split}", flush=True)
     drafts = []
     for b in args.batch_sizes:          # the draft sampler's row pass shares the tiling knobs
         x = inputs[(b, args.ks[0])]
@@ -346,6 +378,12 @@ def sweep_markdown(res: dict) -> str:
     allrows += [f"| {r['B']} | {r['k']} | {r['label']} | {r['device_ms'] * 1e3:.1f} | "
                 f"{100 * r['frac_copy_bw']:.0f} | {r['row_chunks']}/{r['race_chunks']} | "
                 f"{r['same_tokens']} |" for r in res["results"]]
+    split = ["\n## Device time per kernel (us per call, torch.profiler, eager calls)\n",
+             "| B | k | plan | kernels |", "|---|---|---|---|"]
+    split += [f"| {r['B']} | {r['k']} | {r['label']} | " + ", ".join(
+        f"{n} {us:.1f}" for n, us in r["kernels_us"].items()) + " |"
+        for r in res["results"] if r.get("kernels_us")]
+    allrows += split
     drafts = ["\n## sample_draft (store_probs)\n\n| B | plan | us |", "|---|---|---|"]
     drafts += [f"| {r['B']} | {r['label']} | {r['device_ms'] * 1e3:.1f} |" for r in res["sample_draft"]]
     return head + "\n".join(lines) + "\n" + "\n".join(allrows) + "\n" + "\n".join(drafts) + "\n"

@@ -27,8 +27,11 @@ def main() -> None:
     p.add_argument("--batches", default="1,16", help="batch sizes (comma-separated)")
     p.add_argument("--temps", default="0,1", help="temperatures (comma-separated)")
     p.add_argument("--repeats", type=int, default=3, help="adaptive runs per cell")
+    p.add_argument("--fixed-ks", default="", help="fixed k (comma-separated) to trace after each "
+                   "cell's adaptive runs, one run each, for step-by-step comparison")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = p.parse_args()
+    fixed = tuple(int(k) for k in a.fixed_ks.split(",") if k)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     s = ad.AdaptiveSettings(batch_sizes=tuple(int(b) for b in a.batches.split(",")),
@@ -40,13 +43,14 @@ def main() -> None:
     res: dict = {"calibration": {}, "cells": {}}
     for pair in a.pairs.split(","):
         core = ad.build_core(cache, dirs["target"], None if pair == "none" else dirs[pair], s)
-        run_cells(core, s, a.repeats, pair, res)
+        run_cells(core, s, a.repeats, pair, res, fixed if pair != "none" else ())
         core = None   # the last reference, so that the engine is freed before the next one
         free_device_memory(cache.device)
     (out / "decisions.json").write_text(json.dumps(res))
 
 
-def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict) -> None:
+def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict,
+              fixed: tuple[int, ...] = ()) -> None:
     ctl = core.spec_control.controller if core.spec_control is not None else None
     cost = ctl.cost if ctl is not None else None
     if cost is not None:
@@ -57,7 +61,8 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict) 
         ad.generate(core, random_prompts(4, s.prompt_len, vocab, 999), t, 8, f"warm-{t}")
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, 1000 * b)
-            for rep in range(repeats):
+            runs = [("adaptive", rep) for rep in range(repeats)] + [(f"fixed{k}", k) for k in fixed]
+            for label, rep in runs:
                 steps: list = []
 
                 def on_step(st, batch=b) -> None:
@@ -75,9 +80,16 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict) 
                                     for k in range(ctl.k_max + 1)] if cost is not None else None,
                         "goodput": [round(g) for g in last.goodput] if last and last.goodput else None})
 
-                run = ad.run_generation(core, prompts, s.output_len_for(b), f"d-{pair}-{t}-{b}-{rep}",
-                                        temperature=t, on_decode_step=on_step)
-                key = f"{pair}-T{t:g}-B{b}-r{rep}"
+                name = f"d-{pair}-{t}-{b}-{label}{rep}"
+                if label == "adaptive":
+                    run = ad.run_generation(core, prompts, s.output_len_for(b), name,
+                                            temperature=t, on_decode_step=on_step)
+                    key = f"{pair}-T{t:g}-B{b}-r{rep}"
+                else:
+                    with ad.fixed_k(core, rep, {}):
+                        run = ad.run_generation(core, prompts, s.output_len_for(b), name,
+                                                temperature=t, on_decode_step=on_step)
+                    key = f"{pair}-T{t:g}-B{b}-{label}"
                 res["cells"][key] = {"tok_per_s": run.decode_tok_per_s, "steps": steps,
                                      "cost": cost.snapshot() if cost is not None else None,
                                      "acceptance": ctl.acceptance.snapshot() if ctl is not None else None}
