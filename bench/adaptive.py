@@ -208,11 +208,12 @@ def _params(temperature: float, max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
 
 
-def _count(hist: list[int], ks: list[int]) -> None:
-    for k in ks:
-        while len(hist) <= k:
-            hist.append(0)
-        hist[k] += 1
+def _count(hist: list[int], counts: list[int]) -> None:
+    """Add a step's sampling requests per chosen k (``StepStats.spec_chosen_k``) to ``hist``."""
+    if len(hist) < len(counts):
+        hist.extend([0] * (len(counts) - len(hist)))
+    for k, n in enumerate(counts):
+        hist[k] += n
 
 
 def generate(core: EngineCore, prompts: list[list[int]], temperature: float, output_len: int,
@@ -373,7 +374,7 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
         spec.merge(stats.spec_decode)
         _count(chosen, stats.spec_chosen_k)
         trace.append((time.perf_counter() - t0, stats.num_running,
-                      max(stats.spec_chosen_k, default=0), int(_ahead_count(core) > queued)))
+                      stats.max_chosen_k, int(_ahead_count(core) > queued)))
     seconds = time.perf_counter() - t0
     peak = max((r for _, r, _, _ in trace), default=0)
     return {"tok_per_s": tokens / seconds if seconds > 0 else None, "tokens": tokens,

@@ -252,9 +252,6 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
-    out += [(f"race_unroll={u}", replace(d, race_unroll=u), 1) for u in (2, 4)]
-    out += [(f"race_unroll={u},race_waves={w}", replace(d, race_unroll=u, race_waves=w), 1)
-            for u, w in ((2, 4), (4, 4), (4, 2))]
     out += [("row_warps=8", replace(d, row_warps=8), 2), ("race_warps=8", replace(d, race_warps=8), 2),
             ("block=2048", replace(d, block=2048), 2), ("block=512", replace(d, block=512), 2),
             ("unsplit", replace(d, split=False), 2), ("serial_accept", replace(d, parallel_accept=False), 2),

@@ -831,19 +831,23 @@ class SpecControl:
     def after_step(self, scheduled: list, stats) -> None:
         """Fill the step's speculation stats; a decode-only step also refines the cost model."""
         ctl = self.controller
-        chosen: list[int] = []   # one pass: this runs every step over every row
-        k_verify = 0
+        counts = [0] * (ctl.k_max + 1)   # one pass: this runs every step over every row
+        k_verify = k_draft = sampling = 0
         for s in scheduled:
             if s.samples:
-                chosen.append(s.k_next)
+                k = s.k_next
+                counts[k] += 1
+                sampling += 1
+                if k > k_draft:
+                    k_draft = k
                 if s.k > k_verify:
                     k_verify = s.k
-        stats.spec_chosen_k = chosen
-        if chosen and len(chosen) == len(scheduled) and stats.num_prompt_tokens == 0:
+        stats.spec_chosen_k = counts if sampling else []
+        if sampling and sampling == len(scheduled) and stats.num_prompt_tokens == 0:
             host = None   # a step read after the next was queued: its host work, hidden
             if stats.host_wait_seconds is not None:
                 host = max(0.0, stats.step_seconds - stats.host_wait_seconds)
-            ctl.observe_step(len(chosen), k_verify, max(chosen), stats.num_generation_tokens,
+            ctl.observe_step(sampling, k_verify, k_draft, stats.num_generation_tokens,
                              stats.step_seconds, host)
         if ctl.last is not None:
             stats.spec_predicted_speedup = ctl.last.predicted_speedup

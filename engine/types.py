@@ -278,6 +278,16 @@ class StepStats:
     target_seconds: float = 0.0          # target forward + verification (0 when no target ran)
     draft_seconds: float = 0.0           # draft catch-up + proposal (0 when no draft ran)
     host_wait_seconds: Optional[float] = None   # decode-ahead on CUDA: blocked on the tokens
-    spec_chosen_k: list[int] = field(default_factory=list)   # drafts allowed per sampling request
+    # sampling requests by the drafts allowed them this step: index k = 0..k_max (empty when no
+    # request sampled); counts, not one entry per request, so a consumer's cost is per k
+    spec_chosen_k: list[int] = field(default_factory=list)
     spec_predicted_speedup: Optional[float] = None   # adaptive k: goodput(k) / goodput(0)
     spec_measured_speedup: Optional[float] = None    # recent tokens/s / modelled plain tokens/s
+
+    @property
+    def max_chosen_k(self) -> int:
+        """The widest k any sampling request was allowed this step (0 if none sampled)."""
+        for k in range(len(self.spec_chosen_k) - 1, 0, -1):
+            if self.spec_chosen_k[k]:
+                return k
+        return 0

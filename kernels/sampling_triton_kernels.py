@@ -498,14 +498,12 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
 
 @triton.jit
 def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, stream, rejected,
-               HAS_Q: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """Race scores of one [UNROLL, BLOCK] tile (indices start .. start + UNROLL * BLOCK, row
-    major) of the final race (kernels.ref_sampling: the bonus row's x-space race or
-    recover_scores), -inf off the support; one log per entry when rejected, two else."""
+               HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """Race scores of one tile of the final race (kernels.ref_sampling: the bonus row's x-space
+    race or recover_scores), -inf off the support; one log per entry when rejected, two else."""
     x, e = _scaled(row_ptr, offs, msk, T, mx)
     keep = e >= thr
-    u = tl.reshape(_uniform_tile(seed, pos, stream, start, UNROLL * BLOCK), [UNROLL, BLOCK])
-    E = -tl.log(u)
+    E = -tl.log(_uniform_tile(seed, pos, stream, start, BLOCK))
     if rejected:
         p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
         if HAS_Q:
@@ -523,26 +521,22 @@ def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, s
 
 @triton.jit
 def _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, rejected,
-                HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr,
-                UNROLL: tl.constexpr):
-    """The final race over [lo, hi): (best score, lowest index achieving it). Each of the TILES
-    steps races UNROLL consecutive tiles as one [UNROLL, BLOCK] block (loads in flight per
-    thread, as in the row pass); a filtered row skips a block with no kept entry."""
-    lane = tl.arange(0, BLOCK)
+                HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+    """The final race over [lo, hi): (best score, index)."""
     best = tl.full([BLOCK], NEG_INF, tl.float32)
-    idx = lo + lane
+    idx = lo + tl.arange(0, BLOCK)
     for t in range(0, TILES):
-        start = lo + t * (UNROLL * BLOCK)
-        offs = start + tl.arange(0, UNROLL)[:, None] * BLOCK + lane[None, :]   # [UNROLL, BLOCK]
+        start = lo + t * BLOCK
+        offs = start + tl.arange(0, BLOCK)
         msk = offs < hi
         run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
         if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
             _x, e = _scaled(row_ptr, offs, msk, T, mx)
-            run = tl.max(tl.max(((e >= thr) & msk).to(tl.int32), 1), 0) > 0
+            run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
         if run:
             sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos,
-                            stream, rejected, HAS_Q, BLOCK, UNROLL)
-            best, idx = _tile_best(sc, offs, best, idx)
+                            stream, rejected, HAS_Q, BLOCK)
+            best, idx = _lane_best(sc, offs, best, idx)
     return _reduce_best(best, idx)
 
 
@@ -551,8 +545,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      TILES: tl.constexpr, UNROLL: tl.constexpr, KP: tl.constexpr,
-                      PARALLEL: tl.constexpr):
+                      TILES: tl.constexpr, KP: tl.constexpr, PARALLEL: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
     tests at once with PARALLEL, else one draft after another), then race once over this
     chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the race over p for an
@@ -588,10 +581,10 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         hi = tl.minimum(lo + chunk, V)
         if T != 1.0:
             v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos0 + n,
-                               stream, rejected, HAS_Q, BLOCK, TILES, UNROLL)
+                               stream, rejected, HAS_Q, BLOCK, TILES)
         else:
             v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, seed, pos0 + n,
-                               stream, rejected, HAS_Q, BLOCK, TILES, UNROLL)
+                               stream, rejected, HAS_Q, BLOCK, TILES)
         tl.store(rec_v + b * CR + c, v)
         tl.store(rec_i + b * CR + c, j)
 

@@ -53,9 +53,7 @@ class Tuning:
     * ``split``: greedy rows compute only their argmax and sampled rows only their softmax
       (without it every row computes both);
     * ``parallel_accept``: the final race's programs run a request's k accept tests at once
-      (without it, one after another: a chain of dependent loads per draft, in every program);
-    * ``race_unroll``: tiles the final race loads (and races) per loop step, as ``unroll`` for
-      the row pass.
+      (without it, one after another: a chain of dependent loads per draft, in every program).
     """
 
     block: int = 1024
@@ -66,10 +64,9 @@ class Tuning:
     race_warps: int = 4
     split: bool = True
     parallel_accept: bool = True
-    race_unroll: int = 1
 
     def __post_init__(self):
-        for name in ("block", "unroll", "race_unroll"):
+        for name in ("block", "unroll"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")
@@ -139,7 +136,7 @@ def race_plan(vocab: int, reqs: int, device: torch.device, block: Optional[int] 
     """The final race's tiling (one raced row per request): about ``tuning.race_waves``
     programs per SM."""
     return _plan(vocab, reqs, device, block, chunk, tuning.block, tuning.race_waves,
-                 tuning.race_warps, tuning.race_unroll)
+                 tuning.race_warps, 1)
 
 
 def _plan(vocab: int, rows: int, device: torch.device, block: Optional[int],
@@ -284,7 +281,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
-            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.steps, UNROLL=pr.unroll,
+            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
             num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](

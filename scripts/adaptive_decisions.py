@@ -72,7 +72,7 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict,
                         "host_ms": None if st.host_wait_seconds is None else
                         round((st.step_seconds - st.host_wait_seconds) * 1e3, 3),
                         "drafts": st.spec_decode.num_draft_tokens,
-                        "k_next": max(st.spec_chosen_k, default=0),
+                        "k_next": st.max_chosen_k,
                         "tokens": st.num_generation_tokens,
                         "target_ms": round(st.target_seconds * 1e3, 3),
                         "draft_ms": round(st.draft_seconds * 1e3, 3),

@@ -29,6 +29,8 @@ from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from specserve.engine.types import CompletionOutput, FinishReason, RequestOutput, SpecDecodeStats, StepStats
 
@@ -53,6 +55,42 @@ def acceptance_buckets(k: int) -> tuple[float, ...]:
     """1.0 .. k + 1 in steps of 0.25 (acceptance length = 1 + accepted / drafts lies in [1, k + 1])."""
     top = max(k, 1) + 1
     return tuple(1.0 + 0.25 * i for i in range(int((top - 1) / 0.25) + 1))
+
+
+class CountsHistogram:
+    """A Prometheus histogram over the integers 0..k_max fed with counts per value: one step adds
+    how many requests chose each k, so a step costs k_max + 1 additions instead of one
+    ``Histogram.observe`` per request (~2 us each under a lock, on the event loop that shares the
+    GIL with the engine's thread: ~0.5 ms a step at batch 256). Exposed exactly as a
+    ``Histogram`` with buckets ``le`` = 0, 1, .. k_max would be (a registry collector)."""
+
+    def __init__(self, name: str, doc: str, label_names: tuple[str, ...],
+                 label_values: tuple[str, ...], k_max: int):
+        self.name, self.doc = name, doc
+        self.label_names, self.label_values = list(label_names), list(label_values)
+        self.counts = [0] * (k_max + 1)
+        self._les = [floatToGoString(float(k)) for k in range(k_max + 1)]
+
+    def add(self, counts: list[int]) -> None:
+        """Add one step's counts (index k: requests that chose k; values past k_max go to the
+        last bucket's +Inf only, which cannot happen with the engine's k_max)."""
+        mine = self.counts
+        for k, n in enumerate(counts):
+            if n:
+                if k >= len(mine):
+                    mine.extend([0] * (k + 1 - len(mine)))
+                mine[k] += n
+
+    def collect(self):
+        counts = list(self.counts)      # one snapshot (the event loop adds between scrapes)
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.label_names)
+        buckets, total = [], 0
+        for k, le in enumerate(self._les):
+            total += counts[k]
+            buckets.append((le, total))
+        buckets.append(("+Inf", sum(counts)))
+        fam.add_metric(self.label_values, buckets, sum_value=float(sum(k * n for k, n in enumerate(counts))))
+        yield fam
 
 
 class ServerMetrics:
@@ -107,11 +145,12 @@ class ServerMetrics:
         self.draft_step_time = self._histogram(
             "spec_decode_draft_time_per_step_seconds",
             "Per engine step that ran the draft: its catch-up and k proposal passes.", _STEP_PHASE_BUCKETS)
-        self.chosen_k = self._histogram(
-            "spec_decode_chosen_k",
+        self.chosen_k = CountsHistogram(
+            self.prefix + "spec_decode_chosen_k",
             "Per sampling request per step: the drafts the adaptive controller allowed (0 = plain "
             "decoding; fixed mode: num_speculative_tokens, less near max_tokens).",
-            tuple(float(k) for k in range(self.k + 1)))
+            self._label_names, self._base, self.k)
+        self.registry.register(self.chosen_k)
         self.predicted_speedup = self._gauge(
             "spec_decode_predicted_speedup",
             "Adaptive k: the cost and acceptance models' goodput at the chosen k over plain decoding.")
@@ -165,8 +204,8 @@ class ServerMetrics:
             self.target_step_time.observe(stats.target_seconds)
         if stats.draft_seconds > 0:
             self.draft_step_time.observe(stats.draft_seconds)
-        for k in stats.spec_chosen_k:
-            self.chosen_k.observe(k)
+        if stats.spec_chosen_k:
+            self.chosen_k.add(stats.spec_chosen_k)
         if stats.spec_predicted_speedup is not None:
             self.predicted_speedup.set(stats.spec_predicted_speedup)
         if stats.spec_measured_speedup is not None:

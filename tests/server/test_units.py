@@ -114,6 +114,35 @@ def test_step_stats_and_scrape_refresh_set_the_gauges() -> None:
     assert _get(s, "specserve:spec_decode_draft_probs_bytes") == 0
 
 
+def test_chosen_k_histogram_from_counts_equals_one_observe_per_request() -> None:
+    """Steps report requests per chosen k; the exported histogram (both prefixes) is the one a
+    prometheus_client Histogram with buckets 0..k_max shows after one observe per request."""
+    import prometheus_client
+
+    steps = [[3, 0, 2, 0, 1], [0, 0, 0, 0, 7], [], [1, 1, 1, 1, 1]]
+    for prefix in ("specserve", "vllm"):
+        m = ServerMetrics("m", 4, prefix=prefix)
+        ref_registry = prometheus_client.CollectorRegistry()
+        labels = ("model_name", "engine") if prefix == "vllm" else ("model_name",)
+        ref = prometheus_client.Histogram(f"{prefix}:spec_decode_chosen_k", "ref", labels,
+                                          buckets=(0.0, 1.0, 2.0, 3.0, 4.0),
+                                          registry=ref_registry).labels(*("m", "0")[:len(labels)])
+        for counts in steps:
+            m.on_step(StepStats(spec_chosen_k=counts))
+            for k, n in enumerate(counts):
+                for _ in range(n):
+                    ref.observe(k)
+
+        def series(text: str) -> dict:
+            return {(x.name, tuple(sorted(x.labels.items()))): x.value
+                    for f in text_string_to_metric_families(text) for x in f.samples
+                    if "chosen_k" in x.name}
+
+        got = series(m.render().decode())
+        assert got == series(prometheus_client.generate_latest(ref_registry).decode())
+        assert len(got) == 8 and sorted(got.values())[-2:] == [18.0, 46.0]   # count, sum
+
+
 def test_token_bytes_rebuild_any_text() -> None:
     from tests.helpers.checkpoints import build_tokenizer
 

@@ -10,7 +10,7 @@ from specserve.engine.batch import ScheduledRequest
 from specserve.engine.request import Request
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
                                            SpecControl, expected_tokens, temperature_bucket)
-from specserve.engine.types import SamplingParams
+from specserve.engine.types import SamplingParams, StepStats
 
 K = 4
 
@@ -422,6 +422,24 @@ def test_a_probe_that_cannot_be_afforded_does_not_cost_a_full_evaluation_every_s
     assert ks == [0] * 400
     assert sc.controller.steps_at_zero >= 400 and sc.controller._probe_waiting
     assert len(evaluations) <= 400 // KController.ZERO_RECHECK + 2
+
+
+def test_after_step_reports_requests_per_chosen_k():
+    """StepStats.spec_chosen_k counts sampling requests per k (index 0..k_max), and
+    max_chosen_k is the widest; prefill rows that do not sample are not counted."""
+    sc = SpecControl(K, "adaptive", 4096, False, _cal(1.0))
+    scheduled = _scheduled(5)
+    for s, k in zip(scheduled, (0, 2, 2, K, 0)):
+        s.k_next = k
+    scheduled[4].samples = False
+    stats = StepStats()
+    sc.after_step(scheduled, stats)
+    want = [0] * (K + 1)
+    want[0], want[2], want[K] = 1, 2, 1
+    assert stats.spec_chosen_k == want and stats.max_chosen_k == K
+    empty = StepStats()
+    sc.after_step([], empty)
+    assert empty.spec_chosen_k == [] and empty.max_chosen_k == 0
 
 
 def test_plan_budgets_are_the_requests_spec_budget():
