@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 from specserve.engine.batch import RequestResult
 from specserve.engine.config import EngineConfig
 from specserve.engine.decode_ahead import DecodeAhead
-from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.detokenizer import IncrementalDetokenizer, TokenPieces
 from specserve.engine.errors import CapacityError
 from specserve.engine.kv_cache import KVCacheManager
 from specserve.engine.request import Request
@@ -49,6 +49,7 @@ class EngineCore:
         self.runner = self.models.runner
         self._parents: dict[str, _Parent] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._pieces = TokenPieces(self.tokenizer)   # byte-level tokenizers: one decode per token id
         self._logprobs: dict[str, list[Logprob]] = {}
         self._seed_rng = random.Random(config.seed)
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
@@ -145,7 +146,7 @@ class EngineCore:
                           arrival, parent_id=request_id, index=i)
             self._detok[rid] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
                                                       params.include_stop_str_in_output,
-                                                      params.skip_special_tokens)
+                                                      params.skip_special_tokens, self._pieces)
             if params.logprobs is not None:
                 self._logprobs[rid] = []
             if params.structured_outputs is not None:

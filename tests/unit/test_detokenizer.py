@@ -1,14 +1,15 @@
 """IncrementalDetokenizer with a real byte-level BPE tokenizer (trained locally, no torch).
 
 Text may grow only by whole characters, every intermediate text is a prefix of the final one,
-and a stop string (which may span tokens) is never shown partially.
+and a stop string (which may span tokens) is never shown partially. Every test runs twice: with
+the general path only, and with the byte-level fast path (``TokenPieces``) the engine uses.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.detokenizer import IncrementalDetokenizer, TokenPieces
 
 MULTILINGUAL = "Grüße aus Köln — naïve café, 東京, emoji 🚀✨. Hello, world!"
 
@@ -18,6 +19,18 @@ def tok():
     from tests.helpers.checkpoints import build_tokenizer
 
     return build_tokenizer()
+
+
+_PIECES: list = [None]   # the TokenPieces the tests' detokenizers get (None: general path only)
+
+
+@pytest.fixture(autouse=True, params=["general", "fast-path"])
+def path(request, tok):
+    _PIECES[0] = TokenPieces(tok) if request.param == "fast-path" else None
+    if _PIECES[0] is not None:
+        assert _PIECES[0].context_free, "the test tokenizer is byte-level BPE"
+    yield request.param
+    _PIECES[0] = None
 
 
 def _byte_level_alphabet() -> dict[int, str]:
@@ -37,7 +50,7 @@ def _byte_level_alphabet() -> dict[int, str]:
 def _detok(tok, prompt: str = "", stop: list[str] | None = None, include: bool = False,
            skip_special: bool = True) -> IncrementalDetokenizer:
     prompt_ids = tok.encode(prompt) if prompt else []
-    return IncrementalDetokenizer(tok, prompt_ids, stop or [], include, skip_special)
+    return IncrementalDetokenizer(tok, prompt_ids, stop or [], include, skip_special, _PIECES[0])
 
 
 def _feed(d: IncrementalDetokenizer, ids: list[int]) -> list[str]:
@@ -136,3 +149,26 @@ def test_leading_space_of_the_first_output_token(tok):
     d = _detok(tok, "def")
     _feed(d, tok.encode(" add(a, b)"))
     assert d.text == " add(a, b)"
+
+
+def test_fast_path_text_equals_the_general_path_token_by_token(tok, path):
+    """Random ids (whole-character pieces, lone bytes of multi-byte characters, specials) after
+    prompts that end inside a character: the text after every token is the general path's."""
+    import random
+
+    alphabet = _byte_level_alphabet()
+    lone = [tok.convert_tokens_to_ids(alphabet[b]) for b in "東🚀ü".encode("utf-8")]
+    pool = tok.encode(MULTILINGUAL) + lone + [tok.convert_tokens_to_ids("<|end|>")]
+    rng = random.Random(5)
+    pieces = TokenPieces(tok)
+    for trial in range(40):
+        prompt = rng.sample(pool, 4) + ([lone[0]] if trial % 2 else [])   # odd: ends mid-character
+        ids = [rng.choice(pool) for _ in range(30)]
+        for skip in (True, False):
+            general = IncrementalDetokenizer(tok, prompt, [], False, skip)
+            fast = IncrementalDetokenizer(tok, prompt, [], False, skip, pieces)
+            for t in ids:
+                general.add(t)
+                fast.add(t)
+                assert fast.text == general.text, (prompt, ids)
+    assert sum(p is not None for p in pieces._tables[True].values()) > 10   # the fast path ran
