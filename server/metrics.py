@@ -81,6 +81,11 @@ class CountsHistogram:
                     mine.extend([0] * (k + 1 - len(mine)))
                 mine[k] += n
 
+    def describe(self):
+        """The family without samples: the registry learns the series' names from it (``name[]``
+        filters on /metrics, a duplicate name refused at registration)."""
+        yield HistogramMetricFamily(self.name, self.doc, labels=self.label_names)
+
     def collect(self):
         counts = list(self.counts)      # one snapshot (the event loop adds between scrapes)
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.label_names)

@@ -139,6 +139,12 @@ def test_chosen_k_histogram_from_counts_equals_one_observe_per_request() -> None
                     if "chosen_k" in x.name}
 
         got = series(m.render().decode())
+        # the registry knows its names: a name filter keeps it, a second one is refused
+        only = m.registry.restricted_registry([f"{prefix}:spec_decode_chosen_k_bucket"])
+        assert len(series(prometheus_client.generate_latest(only).decode())) == 6
+        with pytest.raises(ValueError):
+            prometheus_client.Histogram(f"{prefix}:spec_decode_chosen_k", "dup", labels,
+                                        registry=m.registry)
         assert got == series(prometheus_client.generate_latest(ref_registry).decode())
         assert len(got) == 8 and sorted(got.values())[-2:] == [18.0, 46.0]   # count, sum
 
