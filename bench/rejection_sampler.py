@@ -381,7 +381,8 @@ def sweep_markdown(res: dict) -> str:
     split += [f"| {r['B']} | {r['k']} | {r['label']} | " + ", ".join(
         f"{n} {us:.1f}" for n, us in r["kernels_us"].items()) + " |"
         for r in res["results"] if r.get("kernels_us")]
-    allrows += split
+    if len(split) > 3:          # the GPU only
+        allrows += split
     drafts = ["\n## sample_draft (store_probs)\n\n| B | plan | us |", "|---|---|---|"]
     drafts += [f"| {r['B']} | {r['label']} | {r['device_ms'] * 1e3:.1f} |" for r in res["sample_draft"]]
     return head + "\n".join(lines) + "\n" + "\n".join(allrows) + "\n" + "\n".join(drafts) + "\n"
