@@ -251,7 +251,6 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out = [("legacy", TS.LEGACY, 0), ("default", d, 0)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
-    out = out[:2] + [("quad_race", replace(d, quad_race=True), 0)] + out[2:]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
     out += [("row_warps=8", replace(d, row_warps=8), 2), ("race_warps=8", replace(d, race_warps=8), 2),
             ("block=2048", replace(d, block=2048), 2), ("block=512", replace(d, block=512), 2),

@@ -497,26 +497,13 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
 
 
 @triton.jit
-def _uniform_quads(seed, pos, stream, start, N: tl.constexpr):
-    """U for the indices start + 4 c + w as an [N, 4] tile (c < N, w < 4; start a multiple of
-    4): word w of counter start / 4 + c, the same numbers as _uniform_tile in row-major order.
-    Each column picks its word from the counter's four (a select per entry), where
-    _uniform_tile interleaves them into one vector (tl.join / tl.reshape, a layout conversion
-    through shared memory per tile)."""
-    r0, r1, r2, r3 = tl.randint4x(_key(seed, pos, stream), start // 4 + tl.arange(0, N))
-    w = tl.arange(0, 4)[None, :]
-    r = tl.where(w == 0, r0[:, None],
-                 tl.where(w == 1, r1[:, None], tl.where(w == 2, r2[:, None], r3[:, None])))
-    return _bits_to_uniform(r)
-
-
-@triton.jit
-def _race_tile(row_ptr, q_row, offs, msk, E, xj, T, mx, S, thr, rejected, HAS_Q: tl.constexpr):
+def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, stream, rejected,
+               HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """Race scores of one tile of the final race (kernels.ref_sampling: the bonus row's x-space
-    race or recover_scores) given its exponentials E = -log U, -inf off the support; one more
-    log per entry when no draft was rejected."""
+    race or recover_scores), -inf off the support; one log per entry when rejected, two else."""
     x, e = _scaled(row_ptr, offs, msk, T, mx)
     keep = e >= thr
+    E = -tl.log(_uniform_tile(seed, pos, stream, start, BLOCK))
     if rejected:
         p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
         if HAS_Q:
@@ -547,36 +534,10 @@ def _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, re
             _x, e = _scaled(row_ptr, offs, msk, T, mx)
             run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
         if run:
-            E = -tl.log(_uniform_tile(seed, pos, stream, start, BLOCK))
-            sc = _race_tile(row_ptr, q_row, offs, msk, E, xj, T, mx, S, thr, rejected, HAS_Q)
+            sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos,
+                            stream, rejected, HAS_Q, BLOCK)
             best, idx = _lane_best(sc, offs, best, idx)
     return _reduce_best(best, idx)
-
-
-@triton.jit
-def _race_chunk_quads(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, rejected,
-                      HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
-    """_race_chunk with each tile held as [BLOCK / 4, 4] (entry 4 c + w at [c, w]), so a
-    Philox call's four words land in the columns of its own row (_uniform_quads): the same
-    scores, best score and lowest index achieving it."""
-    N: tl.constexpr = BLOCK // 4
-    cell = tl.arange(0, N)[:, None] * 4 + tl.arange(0, 4)[None, :]      # [N, 4]
-    best = tl.full([N, 4], NEG_INF, tl.float32)
-    idx = lo + cell
-    for t in range(0, TILES):
-        start = lo + t * BLOCK
-        offs = start + cell
-        msk = offs < hi
-        run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
-        if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
-            _x, e = _scaled(row_ptr, offs, msk, T, mx)
-            run = tl.max(tl.max(((e >= thr) & msk).to(tl.int32), 1), 0) > 0
-        if run:
-            E = -tl.log(_uniform_quads(seed, pos, stream, start, N))
-            sc = _race_tile(row_ptr, q_row, offs, msk, E, xj, T, mx, S, thr, rejected, HAS_Q)
-            best, idx = _lane_best(sc, offs, best, idx)
-    b = tl.max(tl.max(best, 1), 0)
-    return b, tl.min(tl.min(tl.where(best == b, idx, BIG_IDX), 1), 0)
 
 
 @triton.jit(do_not_specialize=["C", "CR"])
@@ -584,8 +545,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                       rec_v, rec_i, n_acc_ptr,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      TILES: tl.constexpr, KP: tl.constexpr, PARALLEL: tl.constexpr,
-                      QUADS: tl.constexpr):
+                      TILES: tl.constexpr, KP: tl.constexpr, PARALLEL: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
     tests at once with PARALLEL, else one draft after another), then race once over this
     chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the race over p for an
@@ -619,14 +579,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         row_ptr = logits_ptr + row.to(tl.int64) * stride
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        if QUADS:
-            if T != 1.0:
-                v, j = _race_chunk_quads(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed,
-                                         pos0 + n, stream, rejected, HAS_Q, BLOCK, TILES)
-            else:
-                v, j = _race_chunk_quads(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, seed,
-                                         pos0 + n, stream, rejected, HAS_Q, BLOCK, TILES)
-        elif T != 1.0:
+        if T != 1.0:
             v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos0 + n,
                                stream, rejected, HAS_Q, BLOCK, TILES)
         else:

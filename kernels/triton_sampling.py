@@ -53,9 +53,7 @@ class Tuning:
     * ``split``: greedy rows compute only their argmax and sampled rows only their softmax
       (without it every row computes both);
     * ``parallel_accept``: the final race's programs run a request's k accept tests at once
-      (without it, one after another: a chain of dependent loads per draft, in every program);
-    * ``quad_race``: the final race holds a tile as [block / 4, 4], each Philox call's four
-      words in its own row (no shuffle of words between threads; the same numbers).
+      (without it, one after another: a chain of dependent loads per draft, in every program).
     """
 
     block: int = 1024
@@ -66,7 +64,6 @@ class Tuning:
     race_warps: int = 4
     split: bool = True
     parallel_accept: bool = True
-    quad_race: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll"):
@@ -286,7 +283,6 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
             q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
             HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
-            QUADS=tuning.quad_race,
             num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,

@@ -164,11 +164,8 @@ else:
         assert int((want[:, 1:] >= 0).sum()) >= 3          # drafts were accepted: the test bites
 
     @pytest.mark.parametrize("tuning", [TS.LEGACY, TS.Tuning(unroll=2, split=False),
-                                        TS.Tuning(unroll=1, parallel_accept=False),
-                                        TS.Tuning(quad_race=True),
-                                        TS.Tuning(quad_race=True, parallel_accept=False)],
-                             ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept",
-                                  "quad-race", "quad-race-serial-accept"])
+                                        TS.Tuning(unroll=1, parallel_accept=False)],
+                             ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept"])
     def test_every_tuning_matches_reference(tuning) -> None:
         """The launch knobs (loads per step, split greedy/sampled loops, parallel or serial
         accept tests) change how the work is spread, never a token: drafts and both
