@@ -69,8 +69,7 @@ class Attention(nn.Module):
                                    kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
         out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
                                   meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
-        ops.l2_prefetch_join()
-        return self.o_proj(out.reshape(n, self.q_size))
+        return self.o_proj(out.reshape(n, self.q_size))   # (may overlap the prefetch's tail)
 
 
 class MLP(nn.Module):
@@ -102,7 +101,9 @@ class DecoderLayer(nn.Module):
             h, residual = ops.add_rms_norm(x, residual, self.input_layernorm, self.eps)
         h = self.self_attn(h, positions, cos_sin, meta, kv)
         h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm, self.eps)
-        return self.mlp(h), residual
+        h = self.mlp(h)
+        ops.l2_prefetch_join()   # the side stream rejoins within the layer (and its graph piece)
+        return h, residual
 
 
 class LlamaFamilyModel(nn.Module):
