@@ -36,23 +36,6 @@ def _l2_prefetch_kernel(ptr, n, sink, BLOCK: tl.constexpr, STEPS: tl.constexpr):
     tl.store(sink + pid, s, mask=s == 3.0e38)   # (practically) never stored: keeps the loads
 
 
-CHUNK = 1 << 16       # bytes one bulk prefetch asks for
-
-
-@triton.jit
-def _l2_bulk_prefetch_kernel(ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
-    """One ``cp.async.bulk.prefetch.L2`` (sm_90) per CHUNK bytes: the copy engine pulls them into
-    L2 while the program exits at once, holding no SM while the bytes arrive."""
-    pid = tl.program_id(0)
-    start = (pid * LANES + tl.arange(0, LANES)).to(tl.int64) * CHUNK
-    ok = start < nbytes
-    addr = (ptr.to(tl.pointer_type(tl.int8)) + tl.where(ok, start, 0)).to(tl.int64)
-    size = tl.where(ok, tl.minimum(nbytes - start, CHUNK), 0).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -62,8 +45,7 @@ class L2Prefetch:
     """One side stream per process; ``start`` / ``join`` pairs must not nest."""
 
     def __init__(self) -> None:
-        self.mode = os.environ.get("SPECSERVE_L2_PREFETCH", "2")   # 0 off, 1 loads, 2 bulk
-        self.enabled = self.mode != "0"
+        self.enabled = os.environ.get("SPECSERVE_L2_PREFETCH", "1") != "0"
         self._stream: Optional[torch.cuda.Stream] = None
         self._sink: Optional[torch.Tensor] = None
         self._pending = False
@@ -78,18 +60,11 @@ class L2Prefetch:
         cur = torch.cuda.current_stream(dev)
         self._stream.wait_stream(cur)
         n = weight.numel()
+        programs = min(PROGRAMS_PER_SM * _sm_count(dev.index or 0), triton.cdiv(n, BLOCK), 4096)
+        steps = triton.next_power_of_2(triton.cdiv(n, programs * BLOCK))
         with torch.cuda.stream(self._stream):
-            if self.mode == "2":
-                nbytes = n * weight.element_size()
-                lanes = 128
-                _l2_bulk_prefetch_kernel[(triton.cdiv(triton.cdiv(nbytes, CHUNK), lanes),)](
-                    weight, nbytes, CHUNK=CHUNK, LANES=lanes, num_warps=4)
-            else:
-                programs = min(PROGRAMS_PER_SM * _sm_count(dev.index or 0), triton.cdiv(n, BLOCK),
-                               4096)
-                steps = triton.next_power_of_2(triton.cdiv(n, programs * BLOCK))
-                _l2_prefetch_kernel[(programs,)](weight, n, self._sink, BLOCK=BLOCK, STEPS=steps,
-                                                 num_warps=4)
+            _l2_prefetch_kernel[(programs,)](weight, n, self._sink, BLOCK=BLOCK, STEPS=steps,
+                                             num_warps=4)
         self._pending = True
 
     def join(self) -> None:
