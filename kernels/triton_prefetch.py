@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 4096          # elements a program reads per step (bf16: 8 KB; 32 per thread)
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = 2
 
 
 @triton.jit

@@ -69,7 +69,8 @@ class Attention(nn.Module):
                                    kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
         out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
                                   meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
-        return self.o_proj(out.reshape(n, self.q_size))   # (may overlap the prefetch's tail)
+        ops.l2_prefetch_join()
+        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -101,9 +102,7 @@ class DecoderLayer(nn.Module):
             h, residual = ops.add_rms_norm(x, residual, self.input_layernorm, self.eps)
         h = self.self_attn(h, positions, cos_sin, meta, kv)
         h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm, self.eps)
-        h = self.mlp(h)
-        ops.l2_prefetch_join()   # the side stream rejoins within the layer (and its graph piece)
-        return h, residual
+        return self.mlp(h), residual
 
 
 class LlamaFamilyModel(nn.Module):
