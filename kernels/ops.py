@@ -25,17 +25,6 @@ def set_gemv(flag):
     selected().layers.set_gemv(flag)
 
 
-def l2_prefetch(weight, rows):
-    """Start pulling ``weight`` into L2 beside the kernels that follow, for a linear of ``rows``
-    rows that will read it (the Triton backend at GEMV row counts; elsewhere nothing)."""
-    selected().layers.l2_prefetch(weight, rows)
-
-
-def l2_prefetch_join():
-    """Wait for the prefetch started last (before the linear that reads its weight)."""
-    selected().layers.l2_prefetch_join()
-
-
 def rms_norm(x, weight, eps):
     return selected().layers.rms_norm(x, weight, eps)
 

@@ -45,14 +45,6 @@ def set_gemv(flag: bool) -> None:
     """The reference has no GEMV: every linear is F.linear either way."""
 
 
-def l2_prefetch(weight: torch.Tensor, rows: int) -> None:
-    """No caches to warm on the reference path."""
-
-
-def l2_prefetch_join() -> None:
-    """Nothing was started."""
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
     x32 = x.float()

@@ -18,9 +18,8 @@ from specserve.kernels import triton_gemv
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
-from specserve.kernels.triton_prefetch import PREFETCH
 
-__all__ = ["linear", "set_gemv", "l2_prefetch", "l2_prefetch_join", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
+__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
            "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
 
 
@@ -37,17 +36,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
         return triton_gemv.linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
-
-
-def l2_prefetch(weight: torch.Tensor, rows: int) -> None:
-    """Start reading ``weight`` into L2 on a side stream when the GEMV that will read it has at
-    most MAX_ROWS rows (kernels/triton_prefetch.py); ``l2_prefetch_join`` before that GEMV."""
-    if rows <= triton_gemv.MAX_ROWS and triton_gemv.enabled() and not triton_gemv.interpreting():
-        PREFETCH.start(weight)
-
-
-def l2_prefetch_join() -> None:
-    PREFETCH.join()
 
 
 @triton.jit

@@ -63,13 +63,11 @@ class Attention(nn.Module):
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)                                            # [N, q + 2kv]
-        ops.l2_prefetch(self.o_proj.weight, n)   # HBM is idle during attention at decode sizes
         q = ops.attention_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.q_norm, self.k_norm, self.eps, positions, cos_sin,
                                    kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
         out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
                                   meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
-        ops.l2_prefetch_join()
         return self.o_proj(out.reshape(n, self.q_size))
 
 
