@@ -12,6 +12,7 @@ per step of each cell's last repeat and writes $OUT/decisions.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -61,12 +62,16 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict,
         ad.generate(core, random_prompts(4, s.prompt_len, vocab, 999), t, 8, f"warm-{t}")
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, 1000 * b)
-            runs = [("adaptive", rep) for rep in range(repeats)] + [(f"fixed{k}", k) for k in fixed]
-            for label, rep in runs:
+            # (key, fixed k or None for adaptive): adaptive's repeats, then each fixed k once
+            runs = [(f"{pair}-T{t:g}-B{b}-r{rep}", None) for rep in range(repeats)]
+            runs += [(f"{pair}-T{t:g}-B{b}-fixed{k}", k) for k in fixed]
+            for key, k_fixed in runs:
                 steps: list = []
 
-                def on_step(st, batch=b) -> None:
-                    last = ctl.last if ctl is not None else None
+                def on_step(st, batch=b, adaptive=k_fixed is None) -> None:
+                    # (a fixed run swaps in its own controller: the adaptive one's last decision
+                    # is stale then, so its goodput is not recorded)
+                    last = ctl.last if ctl is not None and adaptive else None
                     steps.append({
                         "ms": round(st.step_seconds * 1e3, 3),
                         "host_ms": None if st.host_wait_seconds is None else
@@ -80,16 +85,10 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict,
                                     for k in range(ctl.k_max + 1)] if cost is not None else None,
                         "goodput": [round(g) for g in last.goodput] if last and last.goodput else None})
 
-                name = f"d-{pair}-{t}-{b}-{label}{rep}"
-                if label == "adaptive":
-                    run = ad.run_generation(core, prompts, s.output_len_for(b), name,
+                controller = contextlib.nullcontext() if k_fixed is None else ad.fixed_k(core, k_fixed, {})
+                with controller:
+                    run = ad.run_generation(core, prompts, s.output_len_for(b), f"d-{key}",
                                             temperature=t, on_decode_step=on_step)
-                    key = f"{pair}-T{t:g}-B{b}-r{rep}"
-                else:
-                    with ad.fixed_k(core, rep, {}):
-                        run = ad.run_generation(core, prompts, s.output_len_for(b), name,
-                                                temperature=t, on_decode_step=on_step)
-                    key = f"{pair}-T{t:g}-B{b}-{label}"
                 res["cells"][key] = {"tok_per_s": run.decode_tok_per_s, "steps": steps,
                                      "cost": cost.snapshot() if cost is not None else None,
                                      "acceptance": ctl.acceptance.snapshot() if ctl is not None else None}
