@@ -60,14 +60,42 @@ def test_paged_attention_fp16_odd_head_dim(mix: str) -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=ATTN_ATOL[torch.float16], rtol=0)
 
 
+def _nan_outputs(monkeypatch) -> None:
+    """Make the kernel's uninitialised output NaN, so a row it fails to write shows."""
+    from specserve.kernels import triton_attention
+
+    real = torch.empty_like
+    monkeypatch.setattr(triton_attention.torch, "empty_like",
+                        lambda t, **kw: real(t, **kw).fill_(float("nan")))
+
+
 @pytest.mark.parametrize("splits", [2, 4])
-def test_paged_attention_split_kv(splits: int) -> None:
-    """Split-KV: partial softmax states merged; splits that see no context for a row are empty."""
+@pytest.mark.parametrize("split_tokens", [1, 16])
+def test_paged_attention_split_kv(splits: int, split_tokens: int, monkeypatch) -> None:
+    """Split-KV: each tile uses min(splits, context // split_tokens) programs (here 4, 2 and 1
+    in one launch: contexts 40, 9 and 2), the last to finish merges the partials; splits past a
+    row's context are empty. Padding rows are zeroed and the ticket counters come back to 0."""
+    from specserve.kernels import ref_layers, triton_attention
+
+    _nan_outputs(monkeypatch)
     case = make_paged_case([1, 3, 1, 0], [40, 9, 2, 0], 4, 2, 16, 8, torch.float32, seed=9,
-                           pad_rows=1)
-    got, want = _both(case, splits=splits)
+                           pad_rows=3)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale)
+    got = triton_attention.paged_attention(*args, case.max_query_len, case.max_seq_len,
+                                           num_splits=splits, split_tokens=split_tokens)
+    torch.testing.assert_close(got, ref_layers.paged_attention(*args), atol=1e-5, rtol=0)
+    assert (got[-3:] == 0).all()
+    assert not triton_attention._tile_counters(got.device, 1).any()
+
+
+def test_paged_attention_writes_every_row(monkeypatch) -> None:
+    """Without splits too, no output row is left unwritten (padding rows read as zeros)."""
+    _nan_outputs(monkeypatch)
+    case = make_paged_case(*MIXES["mixed"], 4, 2, 16, 16, torch.float32, seed=3, pad_rows=5)
+    got, want = _both(case)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    assert (got[-1] == 0).all()
+    assert (got[-5:] == 0).all()
 
 
 def test_paged_attention_through_ops_with_strided_q() -> None:
