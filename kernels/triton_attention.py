@@ -12,20 +12,13 @@ request by binary search over ``query_start_loc``. Programs past a request's las
 
 Each program walks the context in ``BLOCK_N``-token steps, looking up every token's block in the
 block table, with an online (flash) softmax in fp32 and a causal mask on absolute positions.
-For decode-heavy batches with few programs, the grid has ``NUM_SPLITS`` programs per tile
-(split-KV), a number chosen on the host from ``max_seq_len``. Each tile uses only as many of them
-as its own context needs, ``eff = clamp(kv_end // SPLIT_TOKENS, 1, NUM_SPLITS)``, decided on the
-device. A short context (a CUDA graph captured for ``max_model_len``, replayed at a few hundred
-tokens) is attended by one program that writes the final output: no merge at all. With
-``eff > 1`` each program writes an unnormalised partial (acc, max, sum) and then takes a ticket
-from a counter of its (tile, KV head); the program that draws the last ticket merges the ``eff``
-partials in split order (the result does not depend on which program came last), writes the
-output and sets the counter back to 0. The merge used to be a second kernel, ~2 us of launch
-and tail per layer at batch 1. The counters are one zeroed int32 buffer per device
-(:func:`_tile_counters`): kernels on a device run in stream order, so one buffer serves every
-call. Rows past the last request's queries (batch padding) are zeroed inside the kernel by the
-split-0 programs of tile 0, so the output is never memset.
-
+For decode-heavy batches with few programs, the context is split over ``NUM_SPLITS`` programs
+(split-KV): each writes an unnormalised partial (acc, max, sum) and a second kernel merges them,
+writing every row of the output (rows past the last request's queries, batch padding, as zeros).
+Without splits the split-0 programs of tile 0 zero the padding rows, so the output is never
+memset. (A merge inside the attention kernel, by the last program of a tile to draw a ticket from
+an atomic counter, measured slower on an H100 at batch 1 than this second kernel:
+docs/bench-h100/attention-ticket-merge.)
 All launch parameters come from tensor shapes and the caller's host-side bounds
 (``max_query_len``, ``max_seq_len``); nothing is read back from the device.
 """
@@ -39,9 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-# A tile uses one split per this many tokens of its context (at least 1, at most the launch's
-# NUM_SPLITS); the host sizes NUM_SPLITS so that max_seq_len has this many tokens per split.
-DEFAULT_SPLIT_TOKENS = 256
+_MIN_TOKENS_PER_SPLIT = 128
 
 
 @triton.jit
@@ -86,43 +77,21 @@ def _attend_tile(q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_b
 
 
 @triton.jit
-def _store_final(out_ptr, acc, l_i, row, head, row_ok, offs_d, d_ok, stride_ot, stride_oh):
-    """Normalise a whole-context (acc, l) and store it in the output's dtype."""
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _merge_partials(ws_acc_ptr, ws_ml_ptr, row, head, row_ok, offs_d, eff, num_tokens,
-                    BLOCK_M: tl.constexpr, NUM_Q_HEADS: tl.constexpr, D_PAD: tl.constexpr,
-                    NUM_SPLITS: tl.constexpr):
-    """Whole-context (acc, l) from the first ``eff`` splits' partials, summed in split order:
-    acc = sum_s e^(m_s - M) acc_s, l = sum_s e^(m_s - M) l_s, M the largest m_s. A split that
-    saw none of a row's context wrote m = -inf and adds nothing. The loads bypass L1 (.cg):
-    other programs, on other SMs, wrote the partials."""
-    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        ml = (s * num_tokens + row) * NUM_Q_HEADS + head                     # [BLOCK_M]
-        m_s = tl.load(ws_ml_ptr + ml, mask=row_ok & (s < eff), other=float("-inf"),
-                      cache_modifier=".cg")
-        m_max = tl.maximum(m_max, m_s)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        ml = (s * num_tokens + row) * NUM_Q_HEADS + head
-        m_s = tl.load(ws_ml_ptr + ml, mask=row_ok & (s < eff), other=float("-inf"),
-                      cache_modifier=".cg")
-        seen = m_s > float("-inf")
-        w = tl.where(seen, tl.exp(m_s - m_max), 0.0)
-        l_s = tl.load(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, mask=seen,
-                      other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], mask=seen[:, None],
-                        other=0.0, cache_modifier=".cg")
-        acc += acc_s * w[:, None]
-        l_i += l_s * w
-    return acc, l_i
+def _store_partial_or_final(out_ptr, ws_acc_ptr, ws_ml_ptr, acc, m_i, l_i, row, head, row_ok,
+                            offs_d, d_ok, split, num_tokens, stride_ot, stride_oh,
+                            NUM_Q_HEADS: tl.constexpr, D_PAD: tl.constexpr,
+                            NUM_SPLITS: tl.constexpr):
+    """One split: normalise and store the output. Several: store (acc, m, l) for the merge."""
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        # workspace: acc [NUM_SPLITS, num_tokens, Hq, D_PAD], (m, l) [2, NUM_SPLITS, num_tokens, Hq]
+        ml = (split * num_tokens + row) * NUM_Q_HEADS + head                 # [BLOCK_M]
+        tl.store(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_ml_ptr + ml, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -145,7 +114,7 @@ def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head,
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
-    ws_acc_ptr, ws_ml_ptr, counters_ptr,
+    ws_acc_ptr, ws_ml_ptr,
     scale, num_reqs, num_tokens,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -154,23 +123,23 @@ def _paged_attention_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SPLIT_TOKENS: tl.constexpr, PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-
     offs_m = tl.arange(0, BLOCK_M)
     head_in_group = offs_m % GROUP_PAD
     head = kv_head * GROUP + head_in_group                      # [BLOCK_M] query head
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_DIM
-    if (tile == 0) & (split == 0):
-        _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head,
-                           head_in_group < GROUP, offs_d, d_ok, stride_ot, stride_oh,
-                           BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
+    if NUM_SPLITS == 1:             # with splits the merge kernel writes the padding rows
+        if tile == 0:
+            _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head,
+                               head_in_group < GROUP, offs_d, d_ok, stride_ot, stride_oh,
+                               BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
 
     req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
@@ -181,22 +150,19 @@ def _paged_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     context = seq_len - q_len                                   # tokens cached before this step
 
-    # context this tile needs; the splits it uses (all programs of the tile agree); this
-    # program's share (whole BLOCK_N steps)
-    kv_end = tl.minimum(seq_len, context + (q_tile + 1) * BLOCK_Q)
-    eff = tl.maximum(tl.minimum(kv_end // SPLIT_TOKENS, NUM_SPLITS), 1)
-    if split >= eff:
-        return
-    per_split = tl.cdiv(tl.cdiv(kv_end, eff), BLOCK_N) * BLOCK_N
-    kv_lo = split * per_split
-    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
-
     tok = q_tile * BLOCK_Q + offs_m // GROUP_PAD                # [BLOCK_M] query index in request
     row_ok = (tok < q_len) & (head_in_group < GROUP)
     q_pos = context + tok                                       # [BLOCK_M] absolute position
+
     row = (q_start + tok).to(tl.int64)
     q_ptrs = q_ptr + row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, D_PAD]
+
+    # context this tile needs, then this split's share of it (whole BLOCK_N steps)
+    kv_end = tl.minimum(seq_len, context + (q_tile + 1) * BLOCK_Q)
+    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * per_split
+    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -217,28 +183,42 @@ def _paged_attention_kernel(
                 q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_base, d_ok, scale,
                 stride_kb, stride_ks, stride_vb, stride_vs, BLOCK_SIZE, BLOCK_N, PRECISION)
 
-    if NUM_SPLITS == 1:
-        _store_final(out_ptr, acc, l_i, row, head, row_ok, offs_d, d_ok, stride_ot, stride_oh)
-    elif eff == 1:
-        _store_final(out_ptr, acc, l_i, row, head, row_ok, offs_d, d_ok, stride_ot, stride_oh)
-    else:
-        # workspace: acc [NUM_SPLITS, num_tokens, Hq, D_PAD], (m, l) [2, NUM_SPLITS, num_tokens, Hq]
-        ml = (split * num_tokens + row) * NUM_Q_HEADS + head                 # [BLOCK_M]
-        tl.store(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ws_ml_ptr + ml, m_i, mask=row_ok)
-        tl.store(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, l_i, mask=row_ok)
-        # every thread's partial is written before the ticket (barrier, then a release at GPU
-        # scope); the last ticket's acquire makes all eff partials visible to its program
-        tl.debug_barrier()
-        counter = counters_ptr + tile * tl.num_programs(1) + kv_head
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if ticket == eff - 1:
-            tl.debug_barrier()
-            acc, l_i = _merge_partials(ws_acc_ptr, ws_ml_ptr, row, head, row_ok, offs_d, eff,
-                                       num_tokens, BLOCK_M, NUM_Q_HEADS, D_PAD, NUM_SPLITS)
-            _store_final(out_ptr, acc, l_i, row, head, row_ok, offs_d, d_ok, stride_ot,
-                         stride_oh)
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    _store_partial_or_final(out_ptr, ws_acc_ptr, ws_ml_ptr, acc, m_i, l_i, row, head, row_ok,
+                            offs_d, d_ok, split, num_tokens, stride_ot, stride_oh,
+                            NUM_Q_HEADS, D_PAD, NUM_SPLITS)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+
+    Every split of an owned row wrote its (m, l, acc), an empty share as m = -inf; rows past the
+    last request's queries (batch padding) were never written and come out as zeros."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
+    if t >= tl.load(query_start_loc_ptr + num_reqs):
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d,
+                 tl.zeros([D_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+        return
+    ml = (offs_s * num_tokens + t) * NUM_Q_HEADS + h                        # [NUM_SPLITS]
+    m = tl.load(ws_ml_ptr + ml)
+    seen = m > float("-inf")                                                # split saw context
+    l = tl.load(ws_ml_ptr + NUM_SPLITS * num_tokens * NUM_Q_HEADS + ml, mask=seen, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(seen, tl.exp(m - m_max), 0.0)                              # [NUM_SPLITS]
+    acc = tl.load(ws_acc_ptr + ml[:, None] * D_PAD + offs_d[None, :], mask=seen[:, None], other=0.0)
+    num = tl.sum(acc * w[:, None], axis=0)                                  # [D_PAD]
+    den = tl.sum(l * w, axis=0)
+    o = num / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 def _interpreting() -> bool:
@@ -254,46 +234,25 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _choose_splits(num_programs: int, max_query_len: Optional[int], max_seq_len: Optional[int],
-                   block_q: int, device: torch.device, split_tokens: int) -> int:
-    """Split the context when short-query tiles alone would leave most SMs idle, into at most
-    one split per ``split_tokens`` of ``max_seq_len`` (more would never be used)."""
+                   block_q: int, device: torch.device) -> int:
+    """Split the context when short-query tiles alone would leave most SMs idle."""
     if max_query_len is None or max_seq_len is None or max_query_len > block_q:
         return 1
     target = 2 * _num_sms(device)
     splits = 1
     while (splits * 2 * num_programs <= target
-           and max_seq_len >= splits * 2 * split_tokens and splits < 64):
+           and max_seq_len >= splits * 2 * _MIN_TOKENS_PER_SPLIT and splits < 64):
         splits *= 2
     return splits
-
-
-def _tile_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """The device's zeroed int32 ticket counters, one per (tile, KV head) of a split launch.
-    Every launch leaves them at 0. Allocated (or grown) outside graph capture: the engine's
-    warm-up runs each captured shape eagerly first."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < needed:
-        size = max(needed, 4096)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("paged_attention: split-KV counters must be allocated before "
-                               "CUDA graph capture (run the shape once eagerly first)")
-        counters = torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,
-                    max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
-                    split_tokens: int = DEFAULT_SPLIT_TOKENS) -> torch.Tensor:
+                    max_seq_len: Optional[int] = None, num_splits: Optional[int] = None) -> torch.Tensor:
     """Ragged causal attention over the paged cache; see the module docstring. -> [N, Hq, D].
 
-    ``num_splits`` (a power of two) overrides the split-KV heuristic, and ``split_tokens`` the
-    context a tile needs per split it uses (tests use both to split short contexts).
+    ``num_splits`` (a power of two) overrides the split-KV heuristic (tests use it).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_reqs = seq_lens.shape[0]
@@ -315,28 +274,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         rows, block_n = min(rows, max(64, group_pad)), 32
     block_q = rows // group_pad
     num_tiles = num_tokens // block_q + num_reqs
-    split_tokens = max(1, split_tokens)
     splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
-                                          block_q, q.device, split_tokens)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [N, Hq, D], every row written
+                                          block_q, q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [N, Hq, D]: all written
     if splits > 1:
         ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
                              device=q.device)
         ws_ml = torch.empty((2, splits, num_tokens, num_q_heads), dtype=torch.float32,
                             device=q.device)
-        counters = _tile_counters(q.device, num_tiles * num_kv_heads)
     else:
         ws_acc = ws_ml = out  # unused
-        counters = seq_lens
     precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
     _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
-        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, ws_acc, ws_ml, counters,
+        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, ws_acc, ws_ml,
         scale, num_reqs, num_tokens,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        NUM_SPLITS=splits, SPLIT_TOKENS=split_tokens, PRECISION=precision,
-        WHILE_LOOP=_interpreting(), num_warps=4 if rows <= 64 else 8,
+        NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(),
+        num_warps=4 if rows <= 64 else 8,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            ws_acc, ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits)
     return out
