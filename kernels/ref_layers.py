@@ -90,6 +90,18 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
     return F.linear(silu_and_mul(gate_up), weight, bias)
 
 
+def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                        eps: float, weight: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's RMSNorm and the projection after it as one op: h = x + residual (x when
+    residual is None); returns (linear(rms_norm(h, norm_weight, eps), weight, bias), h)."""
+    if residual is None:
+        h, normed = x, rms_norm(x, norm_weight, eps)
+    else:
+        normed, h = add_rms_norm(x, residual, norm_weight, eps)
+    return F.linear(normed, weight, bias), h
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store token i's K/V at slot_mapping[i]; negative slots (padding) are skipped.

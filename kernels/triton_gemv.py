@@ -21,7 +21,15 @@ each weight tile once, accumulating in fp32:
 * ``SILU_MUL`` (:func:`silu_mul_linear`, the MLP's down projection): x is not read from memory
   but formed per tile from the two halves of ``gate_up [M, 2K]`` as ``silu(gate) * up``, rounded
   by :func:`silu_mul` exactly as the separate silu_and_mul kernel rounds it, so the fused launch
-  equals ``linear(silu_and_mul(gate_up))`` bit for bit and saves that kernel and its round trip.
+  equals ``linear(silu_and_mul(gate_up))`` bit for bit and saves that kernel and its round trip;
+* ``NORM`` (:func:`add_rms_norm_linear`, the projections after a layer's two RMSNorms): x is
+  formed per tile as ``h = x + residual`` (rounded to the dtype exactly as the add_rms_norm
+  kernel rounds it; the program of column block 0 stores h as the new residual), the product
+  is taken with ``h * g`` (g the norm weight) and each row's result is scaled once at the end by
+  ``rsqrt(mean(h^2) + eps)``, whose sum of squares accumulates in the same K loop. Every program
+  reads the whole row anyway (no split K), so the norm costs no pass of its own and saves the
+  norm kernel; unlike SILU_MUL it is not bit for bit the two ops: the normalised row is never
+  rounded to the dtype (it agrees with them to the dtype's rounding).
 
 Launch shapes come from :func:`gemv_config` (an explicit table by (M, N, K), no autotuning: the
 kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). Nothing
@@ -43,6 +51,7 @@ MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
 MODES = ("late", "step", "dot")
 
 __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "silu_mul_linear", "silu_mul",
+           "add_rms_norm_linear",
            "enabled", "set_enabled", "interpreting"]
 
 # The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
@@ -213,17 +222,41 @@ def _load_x(x_base, kk, mask, K, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
-                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr):
+def _norm_x(x_base, r_base, ro_base, g_ptr, kk, mask, K, store_h, HAS_RES: tl.constexpr):
+    """One [BM, BK] tile of the NORM prologue: h = x (+ residual, rounded like the dtype's add;
+    stored to the new residual where ``store_h``) -> (h * g in fp32, h in fp32)."""
+    x = tl.load(x_base + kk[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_base + kk[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(ro_base + kk[None, :], x, mask=mask & store_h)
+    g = tl.load(g_ptr + kk, mask=kk < K, other=0.0)
+    h = x.to(tl.float32)
+    return h * g.to(tl.float32)[None, :], h
+
+
+@triton.jit
+def _accumulate(acc, ss, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl.constexpr,
+                PRECISION: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                HAS_RES: tl.constexpr, r_base, ro_base, g_ptr, store_h):
     """Add one K tile's products to ``acc`` ([BN, BM] for "dot", [BM, BN, BK] for "late",
-    [BM, BN] for "step")."""
+    [BM, BN] for "step") and, with NORM, the squares of its h to ``ss`` ([BM, BK])."""
     if EVEN_K:
         w = tl.load(w_base + kk[None, :])                                          # [BN, BK]
-        x = _load_x(x_base, kk, m_ok, K, SILU_MUL)                                 # [BM, BK]
+        x_ok = m_ok
     else:
         k_ok = kk[None, :] < K       # a slice's tiles past K load nothing
         w = tl.load(w_base + kk[None, :], mask=k_ok, other=0.0)
-        x = _load_x(x_base, kk, m_ok & k_ok, K, SILU_MUL)
+        x_ok = m_ok & k_ok
+    if NORM:
+        xg, h = _norm_x(x_base, r_base, ro_base, g_ptr, kk, x_ok, K, store_h, HAS_RES)
+        ss += h * h
+        if MODE == "dot":
+            x = xg.to(w.dtype)
+        else:
+            x = xg
+    else:
+        x = _load_x(x_base, kk, x_ok, K, SILU_MUL)                                 # [BM, BK]
     if MODE == "dot":
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)              # [BN, BM]
     else:
@@ -232,20 +265,24 @@ def _accumulate(acc, x_base, w_base, m_ok, kk, K, EVEN_K: tl.constexpr, MODE: tl
             acc += prod
         else:
             acc += tl.sum(prod, axis=2)
-    return acc
+    return acc, ss
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om, stride_os,
+                 r_ptr, ro_ptr, g_ptr, eps, stride_rm, stride_rom,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr):
+                 WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                 HAS_RES: tl.constexpr):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
-    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`)."""
+    gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`). ``NORM`` (with
+    SPLIT_K == 1): x is RMS-normalised with weight g_ptr, after adding r_ptr's residual rows
+    when ``HAS_RES`` (column block 0 stores the sum to ro_ptr)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -256,6 +293,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
     rows = tl.minimum(offs_n, N - 1 - n0)
     w_base = w_ptr + n0 * stride_wn + rows[:, None] * stride_wn        # [BLOCK_N, 1]
     x_base = x_ptr + offs_m[:, None] * stride_xm                        # [BLOCK_M, 1]
+    r_base = r_ptr + offs_m[:, None] * stride_rm
+    ro_base = ro_ptr + offs_m[:, None] * stride_rom
+    store_h = pid_n == 0
     m_ok = offs_m[:, None] < M
     k_lo = pid_k * k_per_split
     if MODE == "dot":
@@ -264,20 +304,25 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)      # NORM: sums of h^2 per lane
     if WHILE_LOOP:  # the CPU interpreter cannot run `range` to a runtime bound
         k0 = 0
         while k0 < k_per_split:
-            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
-                              PRECISION, SILU_MUL)
+            acc, ss = _accumulate(acc, ss, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K,
+                                  MODE, PRECISION, SILU_MUL, NORM, HAS_RES, r_base, ro_base,
+                                  g_ptr, store_h)
             k0 += BLOCK_K
     else:
         for k0 in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-            acc = _accumulate(acc, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K, MODE,
-                              PRECISION, SILU_MUL)
+            acc, ss = _accumulate(acc, ss, x_base, w_base, m_ok, k_lo + k0 + offs_k, K, EVEN_K,
+                                  MODE, PRECISION, SILU_MUL, NORM, HAS_RES, r_base, ro_base,
+                                  g_ptr, store_h)
     if MODE == "dot":
         acc = tl.trans(acc)                                                        # [BM, BN]
     elif MODE == "late":
         acc = tl.sum(acc, axis=2)                                                  # [BM, BN]
+    if NORM:
+        acc = acc * tl.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
     cols = n0 + offs_n
     ok = m_ok & (cols[None, :] < N)
     if SPLIT_K == 1:
@@ -343,27 +388,33 @@ def _rows(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            cfg: GemvConfig, silu_mul: bool) -> torch.Tensor:
+            cfg: GemvConfig, silu_mul: bool, norm: Optional[tuple] = None) -> torch.Tensor:
     """The GEMV (and its split-K reduction) on x2 [M, K] (or gate_up [M, 2K] when ``silu_mul``)
-    -> [M, N] in x2's dtype."""
+    -> [M, N] in x2's dtype. ``norm`` = (residual [M, K] or None, new residual [M, K], norm
+    weight [K], eps): the NORM prologue, in one slice of K."""
     m = x2.shape[0]
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)                  # [M, N]
     block_m = max(triton.next_power_of_2(m), 16 if cfg.mode == "dot" else 1)   # dot: >= 16
-    stages = _stages_that_fit(cfg, block_m, x2.element_size(), 2 if silu_mul else 1)
+    x_tiles = 2 if silu_mul or (norm is not None and norm[0] is not None) else 1
+    stages = _stages_that_fit(cfg, block_m, x2.element_size(), x_tiles)
     block_k = min(cfg.block_k, triton.next_power_of_2(k))
-    split = max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
+    split = 1 if norm is not None else max(1, min(cfg.split_k, triton.cdiv(k, block_k)))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k           # whole tiles
     split = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, cfg.block_n), split)
     b = bias if bias is not None else weight
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    res, res_out, g, eps = norm if norm is not None else (None, x2, weight, 0.0)
+    res = res if res is not None else x2
     _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
                        dst.stride(-2), dst.stride(0) if split > 1 else 0,
+                       res, res_out, g, eps, res.stride(0), res_out.stride(0),
                        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                        BLOCK_K=block_k, SPLIT_K=split, EVEN_K=k_per_split * split == k,
                        MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                        NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
+                       NORM=norm is not None, HAS_RES=norm is not None and norm[0] is not None,
                        num_warps=cfg.num_warps)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
@@ -408,3 +459,34 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: Optional[
         return None
     return _launch(_rows(gate_up, m), weight, bias, cfg, silu_mul=True).reshape(
         *gate_up.shape[:-1], n)
+
+
+def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                        eps: float, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                        config: Optional[GemvConfig] = None
+                        ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """``(linear(rms_norm(h, norm_weight, eps), weight, bias), h)`` with h = x + residual (or x
+    when residual is None) in one launch, or None where the kernel does not take the call (the
+    caller then runs add_rms_norm and linear apart).
+
+    x, residual [..., K], norm_weight [K], weight [N, K] -> ([..., N], h [..., K]). h equals the
+    add_rms_norm kernel's new residual bit for bit; the product differs from the two ops only in
+    that the normalised row is not rounded to the dtype before it (module docstring, NORM). The
+    launch shape is :func:`linear`'s for (M, N, K), always in one slice of K. None for rows
+    outside 1..MAX_ROWS, a shape the table gives to cuBLAS, mixed dtypes or devices, operands
+    without a unit stride along K.
+    """
+    n, k = weight.shape
+    m = x.numel() // k if k else 0
+    cfg = config if config is not None else gemv_config(m, n, k)
+    if (not _takes(cfg, m, k) or not _launchable(x, weight, bias, k)
+            or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                          or residual.device != x.device))
+            or norm_weight.shape != (k,) or norm_weight.stride(0) != 1
+            or norm_weight.dtype != x.dtype or norm_weight.device != x.device):
+        return None
+    x2 = _rows(x, m)
+    res2 = _rows(residual, m) if residual is not None else None
+    new_res = torch.empty_like(x2) if residual is not None else x2
+    y = _launch(x2, weight, bias, cfg, silu_mul=False, norm=(res2, new_res, norm_weight, eps))
+    return y.reshape(*x.shape[:-1], n), new_res.reshape(x.shape)

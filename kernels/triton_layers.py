@@ -19,8 +19,8 @@ from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
 
-__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul",
-           "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
+__all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
+           "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +90,24 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                   residual.stride(0), out.stride(0), new_res.stride(0),
                                   HAS_RESIDUAL=True, BLOCK_H=block, num_warps=_norm_warps(block))
     return out, new_res
+
+
+def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                        eps: float, weight: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(rms_norm(h), weight, bias), h) with h = x + residual (x when residual is None).
+    While the GEMV is enabled, rows it takes run as one launch that normalises x inside the
+    GEMV (:func:`triton_gemv.add_rms_norm_linear`: the norm kernel is saved; the product agrees
+    with the two ops to the dtype's rounding); anything else runs the norm and linear apart."""
+    if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
+        fused = triton_gemv.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        if fused is not None:
+            return fused
+    if residual is None:
+        h, normed = x, rms_norm(x, norm_weight, eps)
+    else:
+        normed, h = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight, bias), h
 
 
 @triton.jit

@@ -42,6 +42,12 @@ class Linear(nn.Linear):
         inside the GEMV at decode row counts (bit for bit the same result)."""
         return ops.silu_mul_linear(gate_up, self.weight, self.bias)
 
+    def forward_add_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                             norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(rms_norm(h)), h)`` with h = x + residual (x when residual is None) as one op:
+        the Triton backend normalises inside the GEMV at decode row counts."""
+        return ops.add_rms_norm_linear(x, residual, norm_weight, eps, self.weight, self.bias)
+
 
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
@@ -59,16 +65,18 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = spec.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], norm_weight: torch.Tensor,
+                positions: torch.Tensor, cos_sin: torch.Tensor, meta: AttentionMetadata,
+                kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input norm (of x + residual) and attention -> (output, new residual)."""
         n = x.shape[0]
-        qkv = self.qkv_proj(x)                                            # [N, q + 2kv]
+        qkv, residual = self.qkv_proj.forward_add_rms_norm(x, residual, norm_weight, self.eps)
         q = ops.attention_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.q_norm, self.k_norm, self.eps, positions, cos_sin,
                                    kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
         out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
                                   meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
-        return self.o_proj(out.reshape(n, self.q_size))
+        return self.o_proj(out.reshape(n, self.q_size)), residual
 
 
 class MLP(nn.Module):
@@ -77,9 +85,11 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)                                    # [N, 2 I]: gate | up
-        return self.down_proj.forward_silu_mul(gate_up)                   # down(silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention norm (of x + residual) and the MLP -> (output, new residual)."""
+        gate_up, residual = self.gate_up_proj.forward_add_rms_norm(x, residual, norm_weight, eps)
+        return self.down_proj.forward_silu_mul(gate_up), residual         # down(silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -93,14 +103,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], positions: torch.Tensor,
                 cos_sin: torch.Tensor, meta: AttentionMetadata, kv: KVCache):
-        if residual is None:
-            residual = x
-            h = ops.rms_norm(x, self.input_layernorm, self.eps)
-        else:
-            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm, self.eps)
-        h = self.self_attn(h, positions, cos_sin, meta, kv)
-        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm, self.eps)
-        return self.mlp(h), residual
+        """x + residual is the residual stream (residual None: the first layer, x the
+        embeddings); each norm is fused with the projection after it (ops.add_rms_norm_linear)."""
+        h, residual = self.self_attn(x, residual, self.input_layernorm, positions, cos_sin, meta, kv)
+        return self.mlp(h, residual, self.post_attention_layernorm, self.eps)
 
 
 class LlamaFamilyModel(nn.Module):

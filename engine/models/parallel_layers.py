@@ -59,6 +59,12 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
 
+    def forward_add_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                             norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(rms_norm(h)), h)``, h = x + residual: as :meth:`Linear.forward_add_rms_norm`
+        (the norm is over the full hidden size, which every rank holds whole)."""
+        return ops.add_rms_norm_linear(x, residual, norm_weight, eps, self.weight, self.bias)
+
 
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_local @ W[:, columns of this rank].T) + b: [N, in / tp] -> [N, out]."""

@@ -238,8 +238,10 @@ def test_silu_mul_linear_through_ops_fallbacks_and_the_switch(monkeypatch: pytes
 
 def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     """engine/models/llama.py's MLP on the triton backend: for decode rows its down projection
-    is one fused launch (no separate silu_and_mul), and the output equals
-    down_proj(silu_and_mul(gate_up_proj(x))) bit for bit; 9 rows run the unfused ops."""
+    is one fused launch (no separate silu_and_mul) and its norm is inside the gate_up GEMV (no
+    norm kernel); the output equals down_proj(silu_and_mul(gate_up_proj(...))) of the same
+    normed input (the activation bit for bit, the norm to fp32 rounding); 9 rows run the
+    unfused ops, bit for bit."""
     from types import SimpleNamespace
 
     from specserve.engine.models.llama import MLP
@@ -247,17 +249,85 @@ def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytes
 
     torch.manual_seed(0)
     mlp = MLP(SimpleNamespace(hidden_size=24, intermediate_size=K, mlp_bias=True))
+    g = 1 + 0.1 * torch.randn(24)
     backend.set_backend("triton")
     try:
         for m in (1, 5, G.MAX_ROWS + 1):
-            x = torch.randn(m, 24)
-            want = mlp.down_proj(ops.silu_and_mul(mlp.gate_up_proj(x)))
+            x, res = torch.randn(m, 24), torch.randn(m, 24)
+            normed, h = ops.add_rms_norm(x, res, g, 1e-6)
+            want = mlp.down_proj(ops.silu_and_mul(mlp.gate_up_proj(normed)))
             calls = []
-            real = triton_layers.silu_and_mul
-            monkeypatch.setattr(triton_layers, "silu_and_mul", lambda t: calls.append(t) or real(t))
-            got = mlp(x)
-            monkeypatch.setattr(triton_layers, "silu_and_mul", real)
-            assert torch.equal(got, want), m
-            assert len(calls) == (0 if m <= G.MAX_ROWS else 1), m
+            real_act, real_norm = triton_layers.silu_and_mul, triton_layers.add_rms_norm
+            monkeypatch.setattr(triton_layers, "silu_and_mul", lambda t: calls.append(t) or real_act(t))
+            monkeypatch.setattr(triton_layers, "add_rms_norm",
+                                lambda *a: calls.append(a) or real_norm(*a))
+            got, new_res = mlp(x, res, g, 1e-6)
+            monkeypatch.setattr(triton_layers, "silu_and_mul", real_act)
+            monkeypatch.setattr(triton_layers, "add_rms_norm", real_norm)
+            assert torch.equal(new_res, h), m
+            if m <= G.MAX_ROWS:
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+                assert not calls, m
+            else:
+                assert torch.equal(got, want) and len(calls) == 2, m
     finally:
         backend.set_backend("torch")
+
+
+def _norm_inputs(m: int, n: int, k: int, dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed * 31 + m)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    res = (2 * torch.randn(m, k, generator=gen)).to(dtype)                 # a larger stream
+    g = (1 + 0.2 * torch.randn(k, generator=gen)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    return x, res, g, w, b
+
+
+@pytest.mark.parametrize("m", range(1, G.MAX_ROWS + 1))
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm_linear_fp32_matches_the_two_ops(m: int, with_residual: bool) -> None:
+    """Every row count, the three modes taking turns, bias on odd M, with and without a
+    residual: the new residual is the add_rms_norm kernel's bit for bit, the product agrees
+    with linear(rms_norm(h)) to fp32 rounding. A config with split K runs in one slice."""
+    from specserve.kernels import ref_layers
+
+    split = 3 if m % 4 == 0 else 1
+    cfg = G.GemvConfig(block_n=16, block_k=32, split_k=split, mode=G.MODES[m % 3])
+    x, res, g, w, b = _norm_inputs(m, N, K, torch.float32, seed=int(with_residual))
+    b = b if m % 2 else None
+    residual = res if with_residual else None
+    got, h = G.add_rms_norm_linear(x, residual, g, 1e-6, w, b, config=cfg)
+    want, want_h = ref_layers.add_rms_norm_linear(x, residual, g, 1e-6, w, b)
+    assert got.shape == (m, N) and h.shape == (m, K)
+    assert torch.equal(h, want_h)
+    if not with_residual:
+        assert h is x or h.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("m,mode", [(1, "late"), (3, "step"), (8, "dot")])
+def test_add_rms_norm_linear_fp16_close_to_the_fp32_maths(m: int, mode: str) -> None:
+    """fp16: h rounded exactly like the two ops' add; the product within 2e-3 of the fp32
+    maths on the same h (the two ops round the normed row to fp16 first; the kernel does not)."""
+    from specserve.kernels import ref_layers
+
+    cfg = G.GemvConfig(block_n=16, block_k=64, mode=mode)
+    x, res, g, w, b = _norm_inputs(m, 21, 200, torch.float16, seed=3)
+    got, h = G.add_rms_norm_linear(x, res, g, 1e-6, w, b, config=cfg)
+    assert got.dtype == torch.float16 and torch.equal(h, x + res)
+    hf = h.float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float()
+    want = F.linear(normed, w.float(), b.float())
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+    ref, _ = ref_layers.add_rms_norm_linear(x, res, g, 1e-6, w, b)
+    torch.testing.assert_close(got.float(), ref.float(), atol=4e-3, rtol=4e-3)
+
+
+def test_add_rms_norm_linear_declines_what_the_kernel_does_not_take() -> None:
+    x, res, g, w, b = _norm_inputs(2, N, K, torch.float32, seed=5)
+    assert G.add_rms_norm_linear(torch.randn(G.MAX_ROWS + 1, K), None, g, 1e-6, w) is None
+    assert G.add_rms_norm_linear(x, res.half(), g, 1e-6, w) is None          # mixed dtypes
+    assert G.add_rms_norm_linear(x, res[:1], g, 1e-6, w) is None             # shape mismatch
+    assert G.add_rms_norm_linear(x, res, g[:-1], 1e-6, w) is None            # wrong norm size
+    assert G.add_rms_norm_linear(x, res, g, 1e-6, w, config=None) is not None

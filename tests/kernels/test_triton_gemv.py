@@ -83,17 +83,21 @@ def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for the GPU")
-@pytest.mark.parametrize("block_m,block_n,block_k,split,mode,stages,warps,silu_mul", [
-    (1, 4, 512, 1, "late", 3, 4, False),     # batch 1: the default
-    (8, 8, 128, 4, "step", 1, 4, False),     # per-step reduction, split-K partials
-    (16, 32, 128, 1, "dot", 4, 4, False),    # 2-8 rows on the tensor cores: the default
-    (16, 64, 256, 2, "dot", 3, 8, False),
-    (1, 8, 512, 1, "late", 3, 4, True),      # the MLP's down projection with its SiLU prologue
-    (16, 64, 128, 4, "dot", 4, 4, True),
-    (4, 16, 128, 2, "step", 2, 4, True),
+@pytest.mark.parametrize("block_m,block_n,block_k,split,mode,stages,warps,prologue", [
+    (1, 4, 512, 1, "late", 3, 4, None),      # batch 1: the default
+    (8, 8, 128, 4, "step", 1, 4, None),      # per-step reduction, split-K partials
+    (16, 32, 128, 1, "dot", 4, 4, None),     # 2-8 rows on the tensor cores: the default
+    (16, 64, 256, 2, "dot", 3, 8, None),
+    (1, 8, 512, 1, "late", 3, 4, "silu"),    # the MLP's down projection with its SiLU prologue
+    (16, 64, 128, 4, "dot", 4, 4, "silu"),
+    (4, 16, 128, 2, "step", 2, 4, "silu"),
+    (1, 4, 512, 1, "late", 3, 4, "norm"),    # qkv / gate_up with the add + RMSNorm prologue
+    (16, 64, 128, 1, "dot", 4, 4, "norm"),
+    (4, 16, 128, 1, "step", 2, 4, "norm"),
+    (1, 8, 512, 1, "late", 3, 4, "norm0"),   # the first layer's norm: no residual
 ])
 def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, split: int,
-                                  mode: str, stages: int, warps: int, silu_mul: bool) -> None:
+                                  mode: str, stages: int, warps: int, prologue) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -106,7 +110,7 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
                 sig[name] = "constexpr"
             else:
                 sig[name] = ptrs.get(name, "*bf16") if name.endswith("_ptr") else (
-                    "i64" if name.startswith("stride") else "i32")
+                    "i64" if name.startswith("stride") else "fp32" if name == "eps" else "i32")
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         try:
             triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -117,7 +121,8 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
     out = {"out_ptr": "*fp32" if split > 1 else "*bf16"}
     build(G._gemv_kernel, dict(HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                SPLIT_K=split, EVEN_K=True, MODE=mode, PRECISION="tf32",
-                               NUM_STAGES=stages, WHILE_LOOP=False, SILU_MUL=silu_mul), out)
+                               NUM_STAGES=stages, WHILE_LOOP=False, SILU_MUL=prologue == "silu",
+                               NORM=prologue in ("norm", "norm0"), HAS_RES=prologue == "norm"), out)
     if split > 1:
         build(G._split_reduce_kernel, dict(HAS_BIAS=True, SPLIT_K=split, BLOCK=1024),
               {"part_ptr": "*fp32"})
