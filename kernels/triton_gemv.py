@@ -171,6 +171,16 @@ CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {
 }
 
 
+# (N, K) of the projections where the NORM prologue at one row beat the norm kernel + GEMV on an
+# H100 (scripts/norm_gemv_ab.py, 2026-11-26, docs/bench-h100/norm-prologue: fused / two ops =
+# 0.95 Qwen3-8B qkv, 0.99 gate_up, 0.85 Qwen3-0.6B qkv). Everywhere else the two ops run: at
+# 2-8 rows the prologue made the tensor-core tiles 1.1-1.6x slower, and at one row of the 0.6B
+# gate_up (N = 6144, K = 1024: four K tiles per program) 1.12x. Llama-3-8B's qkv has Qwen3-8B's
+# shape; its gate_up (28672) is the Qwen3 gate_up's launch shape, wider.
+NORM_PROLOGUE_SHAPES: frozenset[tuple[int, int]] = frozenset(
+    {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024)})
+
+
 def _row_bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
@@ -472,12 +482,15 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     x, residual [..., K], norm_weight [K], weight [N, K] -> ([..., N], h [..., K]). h equals the
     add_rms_norm kernel's new residual bit for bit; the product differs from the two ops only in
     that the normalised row is not rounded to the dtype before it (module docstring, NORM). The
-    launch shape is :func:`linear`'s for (M, N, K), always in one slice of K. None for rows
-    outside 1..MAX_ROWS, a shape the table gives to cuBLAS, mixed dtypes or devices, operands
-    without a unit stride along K.
+    launch shape is ``config``, default :func:`linear`'s for (M, N, K), always in one slice of K.
+    None without ``config`` except for one row of a shape in :data:`NORM_PROLOGUE_SHAPES`
+    (where it measured faster), and for rows outside 1..MAX_ROWS, a shape the table gives to
+    cuBLAS, mixed dtypes or devices, operands without a unit stride along K.
     """
     n, k = weight.shape
     m = x.numel() // k if k else 0
+    if config is None and (m != 1 or (n, k) not in NORM_PROLOGUE_SHAPES):
+        return None                      # the two ops are faster there (NORM_PROLOGUE_SHAPES)
     cfg = config if config is not None else gemv_config(m, n, k)
     if (not _takes(cfg, m, k) or not _launchable(x, weight, bias, k)
             or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype

@@ -238,10 +238,10 @@ def test_silu_mul_linear_through_ops_fallbacks_and_the_switch(monkeypatch: pytes
 
 def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     """engine/models/llama.py's MLP on the triton backend: for decode rows its down projection
-    is one fused launch (no separate silu_and_mul) and its norm is inside the gate_up GEMV (no
-    norm kernel); the output equals down_proj(silu_and_mul(gate_up_proj(...))) of the same
-    normed input (the activation bit for bit, the norm to fp32 rounding); 9 rows run the
-    unfused ops, bit for bit."""
+    is one fused launch (no separate silu_and_mul); at one row of a NORM_PROLOGUE_SHAPES shape
+    its norm is inside the gate_up GEMV too (no norm kernel). The output equals
+    down_proj(silu_and_mul(gate_up_proj(...))) of the same normed input (the activation bit for
+    bit, the fused norm to fp32 rounding); 9 rows run the unfused ops, bit for bit."""
     from types import SimpleNamespace
 
     from specserve.engine.models.llama import MLP
@@ -250,9 +250,10 @@ def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytes
     torch.manual_seed(0)
     mlp = MLP(SimpleNamespace(hidden_size=24, intermediate_size=K, mlp_bias=True))
     g = 1 + 0.1 * torch.randn(24)
+    monkeypatch.setattr(G, "NORM_PROLOGUE_SHAPES", frozenset({(2 * K, 24)}))   # gate_up
     backend.set_backend("triton")
     try:
-        for m in (1, 5, G.MAX_ROWS + 1):
+        for m in (1, 5, G.MAX_ROWS + 1):   # the norm fused at one row, the activation up to 8
             x, res = torch.randn(m, 24), torch.randn(m, 24)
             normed, h = ops.add_rms_norm(x, res, g, 1e-6)
             want = mlp.down_proj(ops.silu_and_mul(mlp.gate_up_proj(normed)))
@@ -265,9 +266,11 @@ def test_the_models_mlp_runs_fused_and_equals_the_unfused_ops(monkeypatch: pytes
             monkeypatch.setattr(triton_layers, "silu_and_mul", real_act)
             monkeypatch.setattr(triton_layers, "add_rms_norm", real_norm)
             assert torch.equal(new_res, h), m
-            if m <= G.MAX_ROWS:
+            if m == 1:
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
                 assert not calls, m
+            elif m <= G.MAX_ROWS:
+                assert torch.equal(got, want) and len(calls) == 1, m     # the norm kernel
             else:
                 assert torch.equal(got, want) and len(calls) == 2, m
     finally:
@@ -324,10 +327,17 @@ def test_add_rms_norm_linear_fp16_close_to_the_fp32_maths(m: int, mode: str) -> 
     torch.testing.assert_close(got.float(), ref.float(), atol=4e-3, rtol=4e-3)
 
 
-def test_add_rms_norm_linear_declines_what_the_kernel_does_not_take() -> None:
+def test_add_rms_norm_linear_declines_what_the_kernel_does_not_take(monkeypatch) -> None:
     x, res, g, w, b = _norm_inputs(2, N, K, torch.float32, seed=5)
     assert G.add_rms_norm_linear(torch.randn(G.MAX_ROWS + 1, K), None, g, 1e-6, w) is None
     assert G.add_rms_norm_linear(x, res.half(), g, 1e-6, w) is None          # mixed dtypes
     assert G.add_rms_norm_linear(x, res[:1], g, 1e-6, w) is None             # shape mismatch
     assert G.add_rms_norm_linear(x, res, g[:-1], 1e-6, w) is None            # wrong norm size
-    assert G.add_rms_norm_linear(x, res, g, 1e-6, w, config=None) is not None
+    cfg = G.GemvConfig(block_n=16, block_k=32)
+    assert G.add_rms_norm_linear(x, res, g, 1e-6, w, config=cfg) is not None
+    # without a config: one row of a shape in NORM_PROLOGUE_SHAPES only
+    assert G.add_rms_norm_linear(x, res, g, 1e-6, w) is None
+    assert G.add_rms_norm_linear(x[:1], res[:1], g, 1e-6, w) is None
+    monkeypatch.setattr(G, "NORM_PROLOGUE_SHAPES", frozenset({(N, K)}))
+    assert G.add_rms_norm_linear(x[:1], res[:1], g, 1e-6, w) is not None
+    assert G.add_rms_norm_linear(x, res, g, 1e-6, w) is None
