@@ -105,3 +105,34 @@ def test_ops_silu_mul_linear_in_a_cuda_graph_is_deterministic() -> None:
         _assert_graph_replays_equal_eager(lambda: ops.silu_mul_linear(gate_up, w))
     finally:
         backend.set_backend("torch")
+
+
+@pytest.mark.parametrize("n,k", [(6144, 4096), (24576, 4096), (4096, 1024)])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm_linear_at_model_shapes(n: int, k: int, m: int, with_residual: bool) -> None:
+    """The GEMV's add + RMSNorm prologue in bf16: the new residual equals the add_rms_norm
+    kernel's bit for bit, the product is within 2^-7 of the output scale of the fp32 maths on
+    the same h (the kernel's config forced at 4 rows, where ops leave it off), and through ops
+    inside a CUDA graph it replays what it computes eagerly."""
+    from specserve.kernels import backend, ops, triton_gemv, triton_layers
+
+    gen = torch.Generator(device="cuda").manual_seed(n + m)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    res = (2 * torch.randn(m, k, device="cuda", generator=gen)).to(torch.bfloat16)
+    g = (1 + 0.2 * torch.randn(k, device="cuda", generator=gen)).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
+    residual = res if with_residual else None
+    y, h = triton_gemv.add_rms_norm_linear(x, residual, g, 1e-6, w,
+                                           config=triton_gemv.gemv_config(m, n, k))
+    want_h = triton_layers.add_rms_norm(x, res, g, 1e-6)[1] if with_residual else x
+    assert torch.equal(h, want_h)
+    hf = want_h.float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float()
+    want = F.linear(normed, w.float())
+    assert (y.float() - want).abs().max().item() <= 2 ** -7 * want.abs().max().item()
+    backend.set_backend("triton")
+    try:
+        _assert_graph_replays_equal_eager(lambda: ops.add_rms_norm_linear(x, residual, g, 1e-6, w)[0])
+    finally:
+        backend.set_backend("torch")
