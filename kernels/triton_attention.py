@@ -111,7 +111,16 @@ def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head,
         r += BLOCK_Q
 
 
-@triton.jit
+# Integer arguments that change with the request mix are not specialised on (Triton compiles a
+# variant per value class of an int argument: 1, a multiple of 16, or neither). Specialised, the
+# block table's row stride (the widest request's block count) and the request count made a
+# variant the start-up warm-up had not met: compiled under serve-load on an H100, it stalled
+# every running request for 0.4-0.8 s (TTFT p99 970 ms at concurrency 64, against ~210 ms in
+# the runs before and after it; docs/bench-h100/serve-three-runs-b).
+_MIX_ARGS = ["num_reqs", "num_tokens", "stride_bt"]
+
+
+@triton.jit(do_not_specialize=_MIX_ARGS)
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     ws_acc_ptr, ws_ml_ptr,
@@ -188,7 +197,7 @@ def _paged_attention_kernel(
                             NUM_Q_HEADS, D_PAD, NUM_SPLITS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _merge_splits_kernel(
     ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,

@@ -80,3 +80,16 @@ def test_elementwise_kernels_compile() -> None:
                  dict(HAS_NORM=has_norm, HEAD_DIM=128, D_PAD=128, HALF=(128 - tail) // 2,
                       HALF_PAD=(128 - tail) // 2, TAIL=tail, TAIL_PAD=max(tail, 1), QH_PAD=32,
                       KH_PAD=8, BLOCK_SIZE=16))
+
+
+def test_attention_does_not_specialise_on_the_request_mix() -> None:
+    """The request count, token count and block-table width change with every batch; a Triton
+    specialisation on them (1 / multiple of 16 / neither) is a variant the start-up warm-up may
+    never meet, compiled under load while every running request waits (0.4-0.8 s on an H100)."""
+    from specserve.kernels import triton_attention
+
+    def free(kernel) -> set:
+        return {p.name for p in kernel.params if p.do_not_specialize}
+
+    assert {"num_reqs", "num_tokens", "stride_bt"} <= free(triton_attention._paged_attention_kernel)
+    assert {"num_reqs", "num_tokens"} <= free(triton_attention._merge_splits_kernel)
