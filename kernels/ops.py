@@ -36,8 +36,8 @@ def add_rms_norm(x, residual, weight, eps):
 def add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias=None):
     """A layer's RMSNorm and the projection after it: h = x + residual (x when residual is
     None); returns (linear(rms_norm(h, norm_weight, eps), weight, bias), h). The Triton backend
-    forms the norm inside the GEMV for a few rows (decode), saving the norm kernel; otherwise
-    it runs the ops apart."""
+    forms the norm inside the GEMV for one row of the shapes where that measured faster
+    (triton_gemv.NORM_PROLOGUE_SHAPES), saving the norm kernel; otherwise it runs the ops apart."""
     return selected().layers.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
 
 

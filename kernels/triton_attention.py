@@ -15,8 +15,8 @@ block table, with an online (flash) softmax in fp32 and a causal mask on absolut
 For decode-heavy batches with few programs, the context is split over ``NUM_SPLITS`` programs
 (split-KV): each writes an unnormalised partial (acc, max, sum) and a second kernel merges them,
 writing every row of the output (rows past the last request's queries, batch padding, as zeros).
-Without splits the split-0 programs of tile 0 zero the padding rows, so the output is never
-memset. (A merge inside the attention kernel, by the last program of a tile to draw a ticket from
+Without splits the tiles' programs share out the padding rows and zero them, so the output is
+never memset. (A merge inside the attention kernel, by the last program of a tile to draw a ticket from
 an atomic counter, measured slower on an H100 at batch 1 than this second kernel:
 docs/bench-h100/attention-ticket-merge.)
 All launch parameters come from tensor shapes and the caller's host-side bounds
@@ -95,20 +95,21 @@ def _store_partial_or_final(out_ptr, ws_acc_ptr, ws_ml_ptr, acc, m_i, l_i, row, 
 
 
 @triton.jit
-def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head, head_ok, offs_d,
-                       d_ok, stride_ot, stride_oh, BLOCK_Q: tl.constexpr, GROUP_PAD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, D_PAD: tl.constexpr):
-    """Zero the given query heads in the rows past the last request's queries (batch padding,
-    which no tile owns; the output is allocated uninitialised)."""
+def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, tile, num_tiles, head,
+                       head_ok, offs_d, d_ok, stride_ot, stride_oh, BLOCK_Q: tl.constexpr,
+                       GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr):
+    """Zero the given query heads in this tile's share of the rows past the last request's
+    queries (batch padding, which no tile owns; the output is allocated uninitialised): blocks
+    of BLOCK_Q rows ``tile``, ``tile + num_tiles``, ... of the padding."""
     offs_r = tl.arange(0, BLOCK_M) // GROUP_PAD
     zeros = tl.zeros([BLOCK_M, D_PAD], tl.float32).to(out_ptr.dtype.element_ty)
-    r = tl.load(query_start_loc_ptr + num_reqs)
+    r = tl.load(query_start_loc_ptr + num_reqs) + tile * BLOCK_Q
     while r < num_tokens:
         row = (r + offs_r).to(tl.int64)
         ok = (row < num_tokens) & head_ok
         ptrs = out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(ptrs, zeros, mask=ok[:, None] & d_ok[None, :])
-        r += BLOCK_Q
+        r += num_tiles * BLOCK_Q
 
 
 # Integer arguments that change with the request mix are not specialised on (Triton compiles a
@@ -145,10 +146,9 @@ def _paged_attention_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_DIM
     if NUM_SPLITS == 1:             # with splits the merge kernel writes the padding rows
-        if tile == 0:
-            _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, head,
-                               head_in_group < GROUP, offs_d, d_ok, stride_ot, stride_oh,
-                               BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
+        _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, tile,
+                           tl.num_programs(0), head, head_in_group < GROUP, offs_d, d_ok,
+                           stride_ot, stride_oh, BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
 
     req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
@@ -230,6 +230,11 @@ def _merge_splits_kernel(
              mask=offs_d < HEAD_DIM)
 
 
+def _new_output(q: torch.Tensor) -> torch.Tensor:
+    """The output, uninitialised (a test fills it with NaN to see every row written)."""
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 def _interpreting() -> bool:
     knobs = getattr(triton, "knobs", None)
     return bool(knobs is not None and knobs.runtime.interpret)
@@ -285,7 +290,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tiles = num_tokens // block_q + num_reqs
     splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
                                           block_q, q.device)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [N, Hq, D]: all written
+    out = _new_output(q)  # [N, Hq, D]: the kernels write every row
     if splits > 1:
         ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
                              device=q.device)

@@ -29,7 +29,9 @@ each weight tile once, accumulating in fp32:
   ``rsqrt(mean(h^2) + eps)``, whose sum of squares accumulates in the same K loop. Every program
   reads the whole row anyway (no split K), so the norm costs no pass of its own and saves the
   norm kernel; unlike SILU_MUL it is not bit for bit the two ops: the normalised row is never
-  rounded to the dtype (it agrees with them to the dtype's rounding).
+  rounded to the dtype (it agrees with them to the dtype's rounding; in ``"dot"`` mode h * g is
+  rounded to the dtype for the tensor cores, so fp16, whose range h * g may pass, is declined
+  there).
 
 Launch shapes come from :func:`gemv_config` (an explicit table by (M, N, K), no autotuning: the
 kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). Nothing
@@ -173,10 +175,11 @@ CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {
 
 # (N, K) of the projections where the NORM prologue at one row beat the norm kernel + GEMV on an
 # H100 (scripts/norm_gemv_ab.py, 2026-11-26, docs/bench-h100/norm-prologue: fused / two ops =
-# 0.95 Qwen3-8B qkv, 0.99 gate_up, 0.85 Qwen3-0.6B qkv). Everywhere else the two ops run: at
-# 2-8 rows the prologue made the tensor-core tiles 1.1-1.6x slower, and at one row of the 0.6B
-# gate_up (N = 6144, K = 1024: four K tiles per program) 1.12x. Llama-3-8B's qkv has Qwen3-8B's
-# shape; its gate_up (28672) is the Qwen3 gate_up's launch shape, wider.
+# 0.95 Qwen3-8B qkv, 0.99 gate_up, 0.85 Qwen3-0.6B qkv, 1.00 Llama-3-8B gate_up). Everywhere
+# else the two ops run. At one row of the 0.6B gate_up (N = 6144, K = 1024: four K tiles per
+# program) the prologue was 1.12x slower. At 2-8 rows it was 1.1-1.6x slower on the tensor-core
+# tiles of the 8B qkv, the 8B gate_up (from 4 rows) and the 0.6B gate_up, 0.96-0.98x on the
+# 0.6B qkv; fused at every row count, the 8B + 0.6B speculative step went from 11.87 to 12.23 ms.
 NORM_PROLOGUE_SHAPES: frozenset[tuple[int, int]] = frozenset(
     {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024)})
 
@@ -485,7 +488,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     launch shape is ``config``, default :func:`linear`'s for (M, N, K), always in one slice of K.
     None without ``config`` except for one row of a shape in :data:`NORM_PROLOGUE_SHAPES`
     (where it measured faster), and for rows outside 1..MAX_ROWS, a shape the table gives to
-    cuBLAS, mixed dtypes or devices, operands without a unit stride along K.
+    cuBLAS, mixed dtypes or devices, operands without a unit stride along K, fp16 in "dot" mode.
     """
     n, k = weight.shape
     m = x.numel() // k if k else 0
@@ -496,7 +499,8 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
             or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
                                           or residual.device != x.device))
             or norm_weight.shape != (k,) or norm_weight.stride(0) != 1
-            or norm_weight.dtype != x.dtype or norm_weight.device != x.device):
+            or norm_weight.dtype != x.dtype or norm_weight.device != x.device
+            or (cfg.mode == "dot" and x.dtype == torch.float16)):   # h * g may pass fp16's range
         return None
     x2 = _rows(x, m)
     res2 = _rows(residual, m) if residual is not None else None

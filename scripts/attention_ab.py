@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from specserve.bench.timing import graph_us_per_call
 from specserve.kernels import triton_attention as new_attention
 from tests.kernels.layer_cases import make_paged_case
 
@@ -28,26 +29,6 @@ def _load(name: str, path: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _per_call_us(fn, layers: int, replays: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * layers)
 
 
 def main() -> None:
@@ -72,11 +53,11 @@ def main() -> None:
                         case.query_start_loc, case.seq_lens, case.scale, 1, a.max_model_len)
                 mine = new_attention.paged_attention(*args)
                 row = [name, str(batch), str(context),
-                       f"{_per_call_us(lambda: new_attention.paged_attention(*args), a.layers, a.replays):.2f}"]
+                       f"{graph_us_per_call(lambda: new_attention.paged_attention(*args), a.layers, a.replays):.2f}"]
                 diffs = []
                 for mod in others.values():
                     diffs.append((mod.paged_attention(*args).float() - mine.float()).abs().max().item())
-                    row.append(f"{_per_call_us(lambda: mod.paged_attention(*args), a.layers, a.replays):.2f}")
+                    row.append(f"{graph_us_per_call(lambda: mod.paged_attention(*args), a.layers, a.replays):.2f}")
                 row += [f"{d:.2e}" for d in diffs]
                 lines.append("| " + " | ".join(row) + " |")
                 print(lines[-1], flush=True)

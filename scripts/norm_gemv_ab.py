@@ -15,29 +15,11 @@ import argparse
 
 import torch
 
+from specserve.bench.timing import graph_us_per_call
 from specserve.kernels import triton_gemv, triton_layers
 
 SHAPES = {"8b qkv": (6144, 4096), "8b gate_up": (24576, 4096), "llama-8b gate_up": (28672, 4096),
           "0.6b qkv": (4096, 1024), "0.6b gate_up": (6144, 1024)}
-
-
-def _per_call_us(fn, calls: int, replays: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * calls)
 
 
 def main() -> None:
@@ -66,8 +48,8 @@ def main() -> None:
 
             want, got = two().float(), fused().float()
             rel = ((got - want).abs().max() / want.abs().max()).item()
-            t_two = _per_call_us(two, a.calls, a.replays)
-            t_fused = _per_call_us(fused, a.calls, a.replays)
+            t_two = graph_us_per_call(two, a.calls, a.replays)
+            t_fused = graph_us_per_call(fused, a.calls, a.replays)
             row = [name, str(m), f"{t_two:.2f}", f"{t_fused:.2f}", f"{t_fused / t_two:.3f}",
                    f"{w.numel() * 2 / t_fused / 1e3:.0f}", f"{rel:.1e}"]
             lines.append("| " + " | ".join(row) + " |")

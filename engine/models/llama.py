@@ -45,7 +45,8 @@ class Linear(nn.Linear):
     def forward_add_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
                              norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(self(rms_norm(h)), h)`` with h = x + residual (x when residual is None) as one op:
-        the Triton backend normalises inside the GEMV at decode row counts."""
+        the Triton backend normalises inside the GEMV at one row, for the shapes where that
+        measured faster (ops.add_rms_norm_linear)."""
         return ops.add_rms_norm_linear(x, residual, norm_weight, eps, self.weight, self.bias)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from specserve.engine.distributed.group import TPGroup
+from specserve.engine.models.llama import Linear
 from specserve.kernels import ops
 
 
@@ -59,11 +60,8 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
 
-    def forward_add_rms_norm(self, x: torch.Tensor, residual: Optional[torch.Tensor],
-                             norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(self(rms_norm(h)), h)``, h = x + residual: as :meth:`Linear.forward_add_rms_norm`
-        (the norm is over the full hidden size, which every rank holds whole)."""
-        return ops.add_rms_norm_linear(x, residual, norm_weight, eps, self.weight, self.bias)
+    # the norm is over the full hidden size, which every rank holds whole
+    forward_add_rms_norm = Linear.forward_add_rms_norm
 
 
 class RowParallelLinear(nn.Module):
