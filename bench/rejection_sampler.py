@@ -375,13 +375,12 @@ def sweep_markdown(res: dict) -> str:
     allrows += [f"| {r['B']} | {r['k']} | {r['label']} | {r['device_ms'] * 1e3:.1f} | "
                 f"{100 * r['frac_copy_bw']:.0f} | {r['row_chunks']}/{r['race_chunks']} | "
                 f"{r['same_tokens']} |" for r in res["results"]]
-    split = ["\n## Device time per kernel (us per call, torch.profiler, eager calls)\n",
-             "| B | k | plan | kernels |", "|---|---|---|---|"]
-    split += [f"| {r['B']} | {r['k']} | {r['label']} | " + ", ".join(
+    per_kernel = [f"| {r['B']} | {r['k']} | {r['label']} | " + ", ".join(
         f"{n} {us:.1f}" for n, us in r["kernels_us"].items()) + " |"
         for r in res["results"] if r.get("kernels_us")]
-    if len(split) > 3:          # the GPU only
-        allrows += split
+    if per_kernel:              # the GPU only
+        allrows += ["\n## Device time per kernel (us per call, torch.profiler, eager calls)\n",
+                    "| B | k | plan | kernels |", "|---|---|---|---|"] + per_kernel
     drafts = ["\n## sample_draft (store_probs)\n\n| B | plan | us |", "|---|---|---|"]
     drafts += [f"| {r['B']} | {r['label']} | {r['device_ms'] * 1e3:.1f} |" for r in res["sample_draft"]]
     return head + "\n".join(lines) + "\n" + "\n".join(allrows) + "\n" + "\n".join(drafts) + "\n"

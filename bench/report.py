@@ -126,15 +126,42 @@ def fmt(value: Any, kind: str) -> str:
         return str(value)
 
 
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_head(headers: list[str]) -> list[str]:
+    """A Markdown table's header line and its separator."""
+    return [markdown_row(headers), "|" + "|".join("---" for _ in headers) + "|"]
+
+
 def markdown_table(section: Section) -> str:
     cols = section.columns
-    lines = ["| " + " | ".join(c.header for c in cols) + " |",
-             "|" + "|".join("---" for _ in cols) + "|"]
+    lines = markdown_head([c.header for c in cols])
     for row in section.rows:
         cells = [fmt(row.get(c.key), row.get("kind", "num") if c.kind == "row" else c.kind)
                  .replace("|", "\\|") for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines)
+
+
+class StreamedTable:
+    """A Markdown table printed a row at a time as its cells are measured (a long A/B shows
+    progress), then printed and optionally written whole by :meth:`finish`."""
+
+    def __init__(self, headers: list[str]):
+        self.lines = markdown_head(headers)
+
+    def add(self, cells: list[str]) -> None:
+        self.lines.append(markdown_row(cells))
+        print(self.lines[-1], flush=True)
+
+    def finish(self, out: Optional[str]) -> str:
+        text = "\n".join(self.lines) + "\n"
+        print(text)
+        if out:
+            Path(out).write_text(text)
+        return text
 
 
 def section_markdown(index: int, section: Section) -> str:

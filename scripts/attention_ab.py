@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from specserve.bench.report import StreamedTable
 from specserve.bench.timing import graph_us_per_call
 from specserve.kernels import triton_attention as new_attention
 from tests.kernels.layer_cases import make_paged_case
@@ -43,7 +44,7 @@ def main() -> None:
     others = {name: _load(name, path) for name, path in (o.split("=", 1) for o in a.other)}
     head = (["shape", "batch", "context", "this tree us"] + [f"{n} us" for n in others]
             + [f"max abs diff {n}" for n in others])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = StreamedTable(head)
     for name, (hq, hk, d) in SHAPES.items():
         for batch in (1, 4, 16):
             for context in (128, 384, 1024, 4096):
@@ -59,12 +60,8 @@ def main() -> None:
                     diffs.append((mod.paged_attention(*args).float() - mine.float()).abs().max().item())
                     row.append(f"{graph_us_per_call(lambda: mod.paged_attention(*args), a.layers, a.replays):.2f}")
                 row += [f"{d:.2e}" for d in diffs]
-                lines.append("| " + " | ".join(row) + " |")
-                print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        open(a.out, "w").write(text)
+                table.add(row)
+    table.finish(a.out)
 
 
 if __name__ == "__main__":

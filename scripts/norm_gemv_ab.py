@@ -15,6 +15,7 @@ import argparse
 
 import torch
 
+from specserve.bench.report import StreamedTable
 from specserve.bench.timing import graph_us_per_call
 from specserve.kernels import triton_gemv, triton_layers
 
@@ -29,7 +30,7 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=50, help="timed replays")
     a = p.parse_args()
     head = ["shape", "rows", "norm + linear us", "fused us", "fused / two", "fused GB/s", "max rel diff"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = StreamedTable(head)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
@@ -52,12 +53,8 @@ def main() -> None:
             t_fused = graph_us_per_call(fused, a.calls, a.replays)
             row = [name, str(m), f"{t_two:.2f}", f"{t_fused:.2f}", f"{t_fused / t_two:.3f}",
                    f"{w.numel() * 2 / t_fused / 1e3:.0f}", f"{rel:.1e}"]
-            lines.append("| " + " | ".join(row) + " |")
-            print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        open(a.out, "w").write(text)
+            table.add(row)
+    table.finish(a.out)
 
 
 if __name__ == "__main__":
