@@ -3,9 +3,10 @@
 Plain Python, no torch. Three parts, each fed by numbers the engine already has:
 
 * :class:`AcceptanceModel`: the conditional acceptance rate a_j of draft position j (accepted
-  given positions 1..j-1 were), per temperature bucket across requests and per request: means
-  of the outcomes (moving averages once there are many) shrunk toward a prior, the position
-  before for a bucket, the bucket's estimate for a request. A verification of n drafts with m
+  given positions 1..j-1 were), per temperature bucket and generation phase (output tokens so
+  far: 0-15, 16-63, 64-255, 256+) across requests, and per request: means of the outcomes
+  (moving averages once there are many) shrunk toward a prior, the position before for a
+  bucket's first phase, the phase before for a later one, the bucket's estimate for a request. A verification of n drafts with m
   accepted tries positions 1..min(m + 1, n): the first m succeed, position m + 1 (if drafted)
   fails, later ones were not tried and leave their estimate alone. A bucket's position with
   few outcomes is read one standard error high (``AcceptanceModel.OPTIMISM``): a cold bucket
@@ -81,28 +82,51 @@ class _Rates:
     1: ``prior[0]``): the controller only learns position j from verifications of at least j
     drafts, and deep positions read against a fixed prior stayed near it. On an H100 a draft
     with ~0.7 acceptance at every position sat at k = 1 at batch 1 (E(4) looked like 2.6
-    tokens; k = 4 commits 3.0 and ran 1.3x plain). A request's own estimates are shrunk toward
+    tokens; k = 4 commits 3.0 and ran 1.3x plain). A later generation phase's estimates
+    (``parent``: the phase before, in the same bucket) take the parent's estimate of the same
+    position, as it reads now, for their prior. A request's own estimates are shrunk toward
     its bucket's, as they stood at the request's last verification: alone, a few unlucky
     outcomes (an EMA over 5 verifications) took a 0.72 draft to 0.4, k to 0, and a request at
     k = 0 never verifies again to find out."""
 
     def __init__(self, k_max: int, prior: list[float], weight: float, rate_floor: float,
-                 chain: bool = False, optimism: float = 0.0):
+                 chain: bool = False, optimism: float = 0.0, parent: Optional["_Rates"] = None):
         self.prior = list(prior)
         self.value = [0.0] * k_max
         self.count = [0] * k_max
-        self.weight, self.chain, self.optimism = weight, chain, optimism
+        self.weight, self.chain, self.optimism = weight, chain and parent is None, optimism
+        self.parent = parent
         self.rate_floor = rate_floor
+        self.version = 0                             # updates so far (children's caches key on it)
+        self._seen: tuple = ()                       # the parents' versions the caches were read at
         self._rates: Optional[list[float]] = None
+        self._plain: list[float] = []               # ``_rates`` before the cold optimism
         self._table: Optional[list[float]] = None   # E(0..k_max), until the next update
 
+    def _versions(self) -> tuple:
+        out, p = [], self.parent
+        while p is not None:
+            out.append(p.version)
+            p = p.parent
+        return tuple(out)
+
+    def _fresh(self) -> None:
+        """Drop the caches if a parent changed since they were read."""
+        if self.parent is not None:
+            seen = self._versions()
+            if seen != self._seen:
+                self._seen = seen
+                self._rates = self._table = None
+
     def table(self) -> list[float]:
+        self._fresh()
         if self._table is None:
             self._table = expected_tokens_table(self.rates())
         return self._table
 
     def update(self, k: int, accepted: int, prior: Optional[list[float]] = None) -> None:
         self._rates = self._table = None
+        self.version += 1
         if prior is not None:
             self.prior = list(prior)
         for j in range(min(accepted + 1, k)):
@@ -110,23 +134,38 @@ class _Rates:
             self.count[j] += 1
             self.value[j] += max(1.0 / self.count[j], self.rate_floor) * (x - self.value[j])
 
+    def plain(self) -> list[float]:
+        """The estimates before the cold optimism (``rates`` reads them raised)."""
+        self.rates()
+        return self._plain
+
     def rates(self) -> list[float]:
+        self._fresh()
         if self._rates is None:
             out: list[float] = []
+            plain: list[float] = []
             cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
+            inherited = self.parent.plain() if self.parent is not None else None
             for j, (v, n) in enumerate(zip(self.value, self.count)):
-                prior = out[-1] if self.chain and out else self.prior[j]
                 n_eff = min(n, cap)
-                if n_eff:
-                    a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
-                    out.append(self._optimistic(a, n))
-                elif self.chain and out:     # nothing seen here: the position before, as read
-                    out.append(prior)
+                if self.chain and out:
+                    # the position before, as read; nothing seen here: that reading itself
+                    prior = out[-1]
+                    if not n_eff:
+                        plain.append(plain[-1])
+                        out.append(prior)
+                        continue
+                elif inherited is not None:
+                    # a later phase: its own position before once that has outcomes, else
+                    # the phase before's estimate of this position
+                    prior = plain[-1] if j and self.count[j - 1] else inherited[j]
                 else:
-                    out.append(self._optimistic(prior, 0))
-            self._rates = out
+                    prior = self.prior[j]
+                a = (n_eff * v + self.weight * prior) / (n_eff + self.weight) if n_eff else prior
+                plain.append(a)
+                out.append(self._optimistic(a, n))
+            self._rates, self._plain = out, plain
         return self._rates
-
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
 
@@ -139,17 +178,46 @@ class _Rates:
         return min(1.0, a + self.optimism * math.sqrt(a * (1.0 - a) / (n + self.weight)))
 
 
-class AcceptanceModel:
-    """Conditional acceptance per position, per temperature bucket and per request.
+# a generation's phases, by the output tokens it has before a step: [0, 16), [16, 64), [64, 256), ...
+GENERATION_PHASES = (16, 64, 256)
 
-    A request's own estimate goes stale: once STALE_STEPS steps (``tick``) pass without a
-    verification of its drafts, it is dropped and the request reads its bucket's estimate
-    again, and the next time after twice as many steps. A request's estimate is what put it
-    at k = 0, and at k = 0 nothing verifies it again: on the CPU machine a demo-pair request
-    whose first verifications (the start of a generation is the least predictable part) read
-    0.6 at position 1 sat at k = 0 for a hundred steps while its bucket read 0.92 and fixed
-    k = 4 ran 1.46x plain. The doubling bounds what a request really worse than its bucket
-    costs: one retry after 32, 64, 128, ... steps.
+
+def generation_phase(output_tokens: int) -> int:
+    for i, bound in enumerate(GENERATION_PHASES):
+        if output_tokens < bound:
+            return i
+    return len(GENERATION_PHASES)
+
+
+def phase_name(phase: int) -> str:
+    lo = GENERATION_PHASES[phase - 1] if phase else 0
+    return f"{lo}-{GENERATION_PHASES[phase] - 1}" if phase < len(GENERATION_PHASES) else f"{lo}+"
+
+
+class AcceptanceModel:
+    """Conditional acceptance per position, per temperature bucket and generation phase, and
+    per request.
+
+    Generation phases (``GENERATION_PHASES``, by the output tokens a request has): acceptance
+    moves along a generation, and one estimate per bucket learnt what the controller sampled,
+    not what was there. The demo pair's greedy verifications at fixed k = 4 on the CPU machine
+    (eight 128-token requests) accepted ~1 of 4 drafts a step over the first 15-25 output
+    tokens and 4 of 4 in most steps after. Adaptive drafted at the start, where the optimism
+    sends a cold bucket, learnt ~0.5 per position there, went to k = 0 and, at k = 0, never
+    saw the later phase: 126 of 127 steps at k = 0 where fixed k = 4 ran 1.3-1.5x plain. A
+    phase's estimate starts from the phase before (its prior, position by position) and
+    learns its own outcomes; a request reads its current phase's.
+
+    A request's own estimate belongs to one phase: when the request enters the next, its own
+    is dropped and it reads the shared estimate of the new phase (and builds its own there
+    from its next verifications). It also goes stale: once STALE_STEPS steps (``tick``) pass
+    without a verification of its drafts, it is dropped and the request reads its bucket's
+    estimate again, and the next time after twice as many steps. A request's estimate is what
+    put it at k = 0, and at k = 0 nothing verifies it again: on the CPU machine a demo-pair
+    request whose first verifications (the start of a generation is the least predictable
+    part) read 0.6 at position 1 sat at k = 0 for a hundred steps while its bucket read 0.92
+    and fixed k = 4 ran 1.46x plain. The doubling bounds what a request really worse than its
+    bucket costs: one retry after 32, 64, 128, ... steps.
 
     An optimistic start: while a bucket's position has fewer than _Rates.COLD_OUTCOMES (64)
     outcomes, it reads OPTIMISM standard errors above its estimate, sqrt(a (1 - a) /
@@ -171,10 +239,15 @@ class AcceptanceModel:
         self.prior, self.prior_weight = prior, prior_weight
         self.shared_rate, self.request_rate = shared_rate, request_rate
         z = self.OPTIMISM if optimism is None else optimism
-        self.shared = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True,
-                              optimism=z)
-                       for _ in TEMPERATURE_BUCKETS]
-        self.per_request: dict[str, _Rates] = {}
+        self.shared: list[list[_Rates]] = []        # [temperature bucket][generation phase]
+        for _ in TEMPERATURE_BUCKETS:
+            phases = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True,
+                             optimism=z)]
+            for _ in GENERATION_PHASES:
+                phases.append(_Rates(k_max, [prior] * k_max, prior_weight, shared_rate,
+                                     optimism=z, parent=phases[-1]))
+            self.shared.append(phases)
+        self.per_request: dict[str, tuple[int, _Rates]] = {}   # request id -> (phase, own estimate)
         self.steps = 0                              # controller steps so far (``tick``)
         self._last_verified: dict[str, int] = {}    # request id -> step of its last record
         self._stale_after: dict[str, int] = {}      # request id -> steps before its own goes stale
@@ -183,35 +256,39 @@ class AcceptanceModel:
         """One controller step has passed."""
         self.steps += 1
 
-    def record(self, request_id: str, bucket: int, k: int, accepted: int) -> None:
+    def record(self, request_id: str, bucket: int, k: int, accepted: int, phase: int = 0) -> None:
         if k <= 0:
             return
-        shared = self.shared[bucket]
+        shared = self.shared[bucket][phase]
         shared.update(k, accepted)
         self._last_verified[request_id] = self.steps
-        own = self.per_request.get(request_id)
-        if own is None:   # a request's prior: its bucket's estimate, worth prior_weight outcomes
-            own = self.per_request[request_id] = _Rates(self.k_max, shared.rates(), self.prior_weight,
-                                                        self.request_rate)
-        own.update(k, accepted, shared.rates())
+        entry = self.per_request.get(request_id)
+        if entry is None or entry[0] != phase:
+            # a request's prior: its bucket's estimate in this phase, worth prior_weight outcomes
+            entry = self.per_request[request_id] = (phase, _Rates(self.k_max, shared.rates(),
+                                                                  self.prior_weight, self.request_rate))
+        entry[1].update(k, accepted, shared.rates())
 
-    def _estimate(self, request_id: str, bucket: int) -> _Rates:
-        own = self.per_request.get(request_id)
-        if own is None:
-            return self.shared[bucket]
+    def _estimate(self, request_id: str, bucket: int, phase: int) -> _Rates:
+        entry = self.per_request.get(request_id)
+        if entry is None:
+            return self.shared[bucket][phase]
+        if entry[0] != phase:                        # a new phase: the shared estimate of it
+            del self.per_request[request_id]
+            return self.shared[bucket][phase]
         after = self._stale_after.get(request_id, self.STALE_STEPS)
         if self.steps - self._last_verified[request_id] > after:   # own exists: it recorded
             del self.per_request[request_id]
             self._stale_after[request_id] = 2 * after
-            return self.shared[bucket]
-        return own
+            return self.shared[bucket][phase]
+        return entry[1]
 
-    def rates(self, request_id: str, bucket: int) -> list[float]:
-        return list(self._estimate(request_id, bucket).rates())   # a copy: estimates cache theirs
+    def rates(self, request_id: str, bucket: int, phase: int = 0) -> list[float]:
+        return list(self._estimate(request_id, bucket, phase).rates())   # a copy: estimates cache theirs
 
-    def table(self, request_id: str, bucket: int) -> list[float]:
+    def table(self, request_id: str, bucket: int, phase: int = 0) -> list[float]:
         """E(0..k_max) for this request (cached until its estimates change)."""
-        return self._estimate(request_id, bucket).table()
+        return self._estimate(request_id, bucket, phase).table()
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)
@@ -219,8 +296,10 @@ class AcceptanceModel:
         self._stale_after.pop(request_id, None)
 
     def snapshot(self) -> dict:
-        return {name: {"rates": [round(r, 4) for r in s.rates()], "samples": list(s.count)}
-                for (name, _), s in zip(TEMPERATURE_BUCKETS, self.shared)}
+        """Per temperature bucket, per generation phase (output tokens): rates and outcomes."""
+        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()], "samples": list(s.count)}
+                       for i, s in enumerate(phases)}
+                for (name, _), phases in zip(TEMPERATURE_BUCKETS, self.shared)}
 
 
 # ---- cost ------------------------------------------------------------------------------------
@@ -450,6 +529,7 @@ class Row:
     pinned: Optional[int] = None   # k fixed for this request (seeded sampling), or None
     lag: int = 0              # committed tokens the draft's KV must catch up on before drafting
     remaining: int = 0        # tokens it may still generate (0: unknown)
+    phase: int = 0            # generation phase (``generation_phase`` of its output tokens)
 
 
 @dataclass
@@ -642,7 +722,7 @@ class KController:
         self.steps_at_k += 1
         if self.steps_at_k < self.DEEPER_EVERY or best >= self.k_max:
             return best
-        few = min(self.acceptance.shared[b].count[best] for b in {r.bucket for r in rows}) \
+        few = min(self.acceptance.shared[b][p].count[best] for b, p in {(r.bucket, r.phase) for r in rows}) \
             < self.DEEPER_SAMPLES
         if few or goodput[best + 1] >= (1.0 - self.DEEPER_LOSS) * goodput[best]:
             self.steps_at_k = 0
@@ -674,7 +754,7 @@ class KController:
         free: dict = {}                    # rows that take whatever k the batch takes: table -> count
         groups: dict = {}                  # the others: (table, budget, pin) -> rows
         for r in rows:
-            table = self.acceptance.table(r.request_id, r.bucket)
+            table = self.acceptance.table(r.request_id, r.bucket, r.phase)
             if r.pinned is None and r.budget >= self.k_max:
                 f = free.get(id(table))
                 if f is None:
@@ -795,7 +875,8 @@ class SpecControl:
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
             sampling.append(s)   # budget: drafts that fit once this step's token is committed
             rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
-                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0))
+                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0,
+                            generation_phase(n - req.prompt_len)))
         if sampling:
             decision = ctl.decide(rows)
             for s, k in zip(sampling, decision.ks):
@@ -817,12 +898,14 @@ class SpecControl:
                 s.k_next = 0
 
     def record(self, scheduled: list) -> None:
-        """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``)."""
+        """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``),
+        each in the generation phase its request was in before the step committed its tokens."""
         for s in scheduled:
             if s.samples and s.k:
                 req = s.request
+                before = len(req.token_ids) - req.prompt_len - s.num_accepted - 1
                 self.controller.acceptance.record(req.request_id, self._fixed_part(req)[0], s.k,
-                                                  s.num_accepted)
+                                                  s.num_accepted, generation_phase(max(0, before)))
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)

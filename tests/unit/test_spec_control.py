@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from specserve.engine.batch import ScheduledRequest
 from specserve.engine.request import Request
+from specserve.engine import spec_control
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
-                                           SpecControl, expected_tokens, temperature_bucket)
+                                           SpecControl, expected_tokens, generation_phase,
+                                           temperature_bucket)
 from specserve.engine.types import SamplingParams, StepStats
 
 K = 4
@@ -38,7 +41,7 @@ def test_acceptance_counts_only_tried_positions():
     rates = acc.rates("other", 2)
     assert rates[0] == 1.0 and rates[1] == 0.0
     assert rates[2] == rates[1] and rates[3] == rates[1]   # untried: borrow the previous one
-    assert acc.shared[2].count == [1, 1, 0, 0]
+    assert acc.shared[2][0].count == [1, 1, 0, 0]
     assert acc.rates("other", 1) == [0.5] * K               # other temperatures untouched
 
 
@@ -51,7 +54,7 @@ def test_a_request_starts_from_its_bucket_and_moves_on_its_own():
     assert acc.rates("good", 0)[0] > 0.9
     assert acc.rates("bad", 0)[0] < 0.2
     acc.forget("bad")
-    assert acc.rates("bad", 0) == acc.shared[0].rates()
+    assert acc.rates("bad", 0) == acc.shared[0][0].rates()
 
 
 def test_a_requests_own_estimate_goes_stale_at_k_zero_and_the_next_time_later() -> None:
@@ -61,19 +64,19 @@ def test_a_requests_own_estimate_goes_stale_at_k_zero_and_the_next_time_later() 
     for _ in range(3):
         acc.record("unlucky", 0, K, 0)               # a start of rejections
     low = acc.rates("unlucky", 0)[0]
-    assert low < 0.75 < acc.shared[0].rates()[0]
+    assert low < 0.75 < acc.shared[0][0].rates()[0]
     for _ in range(AcceptanceModel.STALE_STEPS):     # at k = 0: no verification
         acc.tick()
     assert acc.rates("unlucky", 0)[0] == low          # not yet stale
     acc.tick()
-    assert acc.rates("unlucky", 0) == acc.shared[0].rates()
+    assert acc.rates("unlucky", 0) == acc.shared[0][0].rates()
     acc.record("unlucky", 0, K, 0)                   # drafted again and rejected again
     for _ in range(AcceptanceModel.STALE_STEPS + 1):
         acc.tick()
     assert acc.rates("unlucky", 0)[0] < 0.9          # twice as many steps this time
     for _ in range(AcceptanceModel.STALE_STEPS):
         acc.tick()
-    assert acc.rates("unlucky", 0) == acc.shared[0].rates()
+    assert acc.rates("unlucky", 0) == acc.shared[0][0].rates()
     acc.forget("unlucky")
     assert not acc._stale_after and "unlucky" not in acc._last_verified
 
@@ -679,7 +682,7 @@ def test_a_cold_bucket_reads_optimistic_and_the_optimism_fades_with_outcomes() -
         accepted = int(rng.random() < 0.7)
         acc.record("x", 0, 1, accepted)
         plain.record("x", 0, 1, accepted)
-        warm, mean = acc.shared[0].rates()[0], plain.shared[0].rates()[0]
+        warm, mean = acc.shared[0][0].rates()[0], plain.shared[0][0].rates()[0]
         if n < 64:
             assert warm == pytest.approx(mean + (mean * (1 - mean) / (n + 4)) ** 0.5)
         else:
@@ -715,3 +718,102 @@ def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_ei
     useless = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.0, 200)
     assert useless[0] > 0 and sum(k > 0 for k in useless) <= 8
     assert useless[20:50] == [0] * 30
+
+
+def _run_generations(ctl: KController, requests: int, length: int, rate_by_output, step_seconds,
+                     seed: int = 0) -> tuple[float, list[list[int]]]:
+    """Batch-1 requests one after another, ``length`` output tokens each, every draft accepted
+    with probability ``rate_by_output(output tokens before the step)`` until the first
+    rejection; a step verifies the drafts the step before proposed. Returns the simulated
+    seconds and each request's chosen k per step."""
+    rng = random.Random(seed)
+    seconds, per_request = 0.0, []
+    for n in range(requests):
+        rid, out, k_prev, ks = f"r{n}", 0, 0, []
+        while out < length:
+            ctl.acceptance.tick()
+            budget = min(ctl.k_max, length - out - 1)
+            phase = generation_phase(out)
+            k = 0 if ctl.hold_zero(1) else ctl.decide([Row(rid, 0, budget, phase=phase)]).ks[0]
+            accepted = 0
+            while accepted < k_prev and rng.random() < rate_by_output(out):
+                accepted += 1
+            if k_prev:
+                ctl.acceptance.record(rid, 0, k_prev, accepted, phase)
+            wall = step_seconds(max(k_prev, k))
+            seconds += wall
+            ctl.observe_step(1, k_prev, k, accepted + 1, wall)
+            out += accepted + 1
+            ks.append(k)
+            k_prev = k
+        ctl.acceptance.forget(rid)
+        per_request.append(ks)
+    return seconds, per_request
+
+
+def test_a_generation_that_starts_badly_and_turns_good_drafts_once_it_has_turned(monkeypatch) -> None:
+    """The demo pair's greedy requests at fixed k = 4 on the CPU machine accepted ~1 of 4 drafts a
+    step over their first 15-25 output tokens and 4 of 4 in most steps after; a draft pass
+    costs ~0.35 of a target step there. One estimate per temperature bucket learnt the bad start
+    (where the cold optimism sends the controller first), went to k = 0 and never saw the rest:
+    126 of 127 steps at 0 while fixed k = 4 ran 1.3-1.5x plain. With an estimate per
+    generation phase, the requests after the first draft from their second phase on and beat
+    fixed k = 4, which drafts through the bad start too."""
+    cal = _cal(0.35)
+    step = lambda k: 0.010 * (1 + 0.35 * k)        # noqa: E731
+
+    def rate(out: int) -> float:
+        return 0.25 if out < 16 else 0.95
+
+    def run(mode: str) -> tuple[float, list[list[int]]]:
+        return _run_generations(KController(K, mode, CostModel(cal)), 6, 128, rate, step)
+
+    fixed, _ = run("fixed")
+    plain = 6 * 128 * step(0)
+    adaptive, ks = run("adaptive")
+    assert fixed < 0.75 * plain                       # the pair pays: fixed k = 4 ~1.4x plain
+    assert adaptive < 0.97 * fixed, (adaptive / plain, fixed / plain)
+    for later in ks[1:]:                              # the last 20 steps but the final one
+        assert sum(k >= 3 for k in later[-20:-1]) >= 18, later
+
+    monkeypatch.setattr(spec_control, "GENERATION_PHASES", ())    # one estimate per bucket
+    one_estimate, _ = run("adaptive")
+    assert one_estimate > 0.8 * plain, one_estimate / plain
+
+
+def test_a_later_phase_starts_from_the_phase_before_and_learns_its_own() -> None:
+    acc = AcceptanceModel(K, optimism=0.0)
+    assert [generation_phase(n) for n in (0, 15, 16, 63, 64, 255, 256, 10_000)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for _ in range(40):
+        acc.record("early", 0, K, 0, phase=0)        # the start: every first draft rejected
+    early = acc.shared[0][0].rates()[0]
+    assert acc.rates("other", 0, phase=1) == acc.shared[0][0].rates()   # cold: the phase before
+    table = acc.table("other", 0, phase=2)
+    for _ in range(40):
+        acc.record("late", 0, K, K, phase=1)         # later: every draft accepted
+    assert acc.rates("other", 0, phase=1)[0] > 0.9 > early
+    assert acc.rates("other", 0, phase=0)[0] == early                  # phase 0 untouched
+    assert acc.table("other", 0, phase=2) != table   # phase 2 reads phase 1 afresh (no stale cache)
+    assert acc.rates("other", 0, phase=2)[0] > 0.9
+
+
+def test_a_requests_own_estimate_is_dropped_when_it_enters_the_next_phase() -> None:
+    acc = AcceptanceModel(K)
+    for _ in range(100):
+        acc.record("others", 0, K, K, phase=1)
+    for _ in range(3):
+        acc.record("r", 0, K, 0, phase=0)            # its own start: rejections
+    assert acc.rates("r", 0, phase=0)[0] < 0.5
+    assert acc.rates("r", 0, phase=1) == acc.shared[0][1].rates()      # a new phase: the shared one
+    acc.record("r", 0, K, K, phase=1)
+    assert acc.per_request["r"][0] == 1
+
+
+def test_a_cold_later_phase_reads_the_phase_before_raised_by_the_optimism() -> None:
+    acc = AcceptanceModel(K)
+    for _ in range(80):                              # phase 0 warm: its estimate read as it is
+        acc.record("x", 0, K, K - 2, phase=0)
+    warm = acc.shared[0][0].rates()
+    cold = acc.shared[0][1].rates()
+    assert all(c > w for c, w in zip(cold[:2], warm[:2]))
+    assert cold[0] == pytest.approx(min(1.0, warm[0] + math.sqrt(warm[0] * (1 - warm[0]) / 4)))
