@@ -84,7 +84,8 @@ class _Rates:
     with ~0.7 acceptance at every position sat at k = 1 at batch 1 (E(4) looked like 2.6
     tokens; k = 4 commits 3.0 and ran 1.3x plain). A later generation phase's estimates
     (``parent``: the phase before, in the same bucket) take the parent's estimate of the same
-    position, as it reads now, for their prior. A request's own estimates are shrunk toward
+    position, as it stands now, for their prior (their own position before, once that has
+    outcomes), and read as the parent reads where they have none. A request's own estimates are shrunk toward
     its bucket's, as they stood at the request's last verification: alone, a few unlucky
     outcomes (an EMA over 5 verifications) took a 0.72 draft to 0.4, k to 0, and a request at
     k = 0 never verifies again to find out."""
@@ -145,25 +146,27 @@ class _Rates:
             out: list[float] = []
             plain: list[float] = []
             cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
-            inherited = self.parent.plain() if self.parent is not None else None
+            parent = self.parent
             for j, (v, n) in enumerate(zip(self.value, self.count)):
                 n_eff = min(n, cap)
-                if self.chain and out:
-                    # the position before, as read; nothing seen here: that reading itself
-                    prior = out[-1]
-                    if not n_eff:
-                        plain.append(plain[-1])
-                        out.append(prior)
-                        continue
-                elif inherited is not None:
-                    # a later phase: its own position before once that has outcomes, else
-                    # the phase before's estimate of this position
-                    prior = plain[-1] if j and self.count[j - 1] else inherited[j]
+                # the prior: the position before (a chain, or a later phase's position before
+                # once that has outcomes), the phase before's same position, or the fixed prior
+                if (self.chain or parent is not None and self.count[j - 1]) and out:
+                    prior, as_read = plain[-1] if parent is not None else out[-1], out[-1]
+                elif parent is not None:
+                    prior, as_read = parent.plain()[j], parent.rates()[j]
                 else:
-                    prior = self.prior[j]
-                a = (n_eff * v + self.weight * prior) / (n_eff + self.weight) if n_eff else prior
-                plain.append(a)
-                out.append(self._optimistic(a, n))
+                    prior, as_read = self.prior[j], None
+                if n_eff:
+                    a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
+                    plain.append(a)
+                    out.append(self._optimistic(a, n))
+                elif as_read is not None:   # nothing seen here: the prior as it reads
+                    plain.append(plain[-1] if self.chain else prior)
+                    out.append(as_read)
+                else:
+                    plain.append(prior)
+                    out.append(self._optimistic(prior, 0))
             self._rates, self._plain = out, plain
         return self._rates
 
@@ -206,7 +209,11 @@ class AcceptanceModel:
     sends a cold bucket, learnt ~0.5 per position there, went to k = 0 and, at k = 0, never
     saw the later phase: 126 of 127 steps at k = 0 where fixed k = 4 ran 1.3-1.5x plain. A
     phase's estimate starts from the phase before (its prior, position by position) and
-    learns its own outcomes; a request reads its current phase's.
+    learns its own outcomes; a request reads its current phase's. A phase without outcomes
+    reads as the phase before reads, with no optimism of its own: raised by it, on an H100
+    (truncated draft, T = 0, batch 64) every phase boundary sent all 64 rows drafting, each
+    time paying the draft's catch-up, and the cell fell from 1.00x to 0.83x plain. A later
+    phase is explored by the probes from k = 0 and by requests that draft into it.
 
     A request's own estimate belongs to one phase: when the request enters the next, its own
     is dropped and it reads the shared estimate of the new phase (and builds its own there

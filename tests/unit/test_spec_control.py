@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -809,11 +808,13 @@ def test_a_requests_own_estimate_is_dropped_when_it_enters_the_next_phase() -> N
     assert acc.per_request["r"][0] == 1
 
 
-def test_a_cold_later_phase_reads_the_phase_before_raised_by_the_optimism() -> None:
+def test_a_cold_later_phase_reads_the_phase_before_as_it_reads_without_more_optimism() -> None:
+    """On an H100 (truncated draft, T = 0, batch 64) a cold phase raised by the optimism on top
+    of the phase before sent all 64 rows drafting at each phase boundary, each time paying the
+    draft's catch-up, and the cell fell from 1.00x to 0.83x plain."""
     acc = AcceptanceModel(K)
     for _ in range(80):                              # phase 0 warm: its estimate read as it is
         acc.record("x", 0, K, K - 2, phase=0)
-    warm = acc.shared[0][0].rates()
-    cold = acc.shared[0][1].rates()
-    assert all(c > w for c, w in zip(cold[:2], warm[:2]))
-    assert cold[0] == pytest.approx(min(1.0, warm[0] + math.sqrt(warm[0] * (1 - warm[0]) / 4)))
+    assert acc.shared[0][1].rates() == acc.shared[0][0].rates()
+    fresh = AcceptanceModel(K)                        # all cold: phase 0's optimism, once
+    assert fresh.shared[0][2].rates() == fresh.shared[0][0].rates()
