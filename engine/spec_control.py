@@ -143,42 +143,32 @@ class _Rates:
     def rates(self) -> list[float]:
         self._fresh()
         if self._rates is None:
-            self._rates, self._plain = self._later() if self.parent is not None else self._first()
+            out: list[float] = []
+            plain: list[float] = []
+            cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
+            parent = self.parent
+            for j, (v, n) in enumerate(zip(self.value, self.count)):
+                n_eff = min(n, cap)
+                # the prior: the position before (a chain, or a later phase's position before
+                # once that has outcomes), the phase before's same position, or the fixed prior
+                if (self.chain or parent is not None and self.count[j - 1]) and out:
+                    prior, as_read = plain[-1] if parent is not None else out[-1], out[-1]
+                elif parent is not None:
+                    prior, as_read = parent.plain()[j], parent.rates()[j]
+                else:
+                    prior, as_read = self.prior[j], None
+                if n_eff:
+                    a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
+                    plain.append(a)
+                    out.append(self._optimistic(a, n))
+                elif as_read is not None:   # nothing seen here: the prior as it reads
+                    plain.append(plain[-1] if self.chain else prior)
+                    out.append(as_read)
+                else:
+                    plain.append(prior)
+                    out.append(self._optimistic(prior, 0))
+            self._rates, self._plain = out, plain
         return self._rates
-
-    def _first(self) -> tuple[list[float], list[float]]:
-        """A bucket's first phase (or a request's estimate): (as read, plain) per position."""
-        out: list[float] = []
-        plain: list[float] = []
-        cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
-        for j, (v, n) in enumerate(zip(self.value, self.count)):
-            prior = out[-1] if self.chain and out else self.prior[j]
-            n_eff = min(n, cap)
-            if n_eff:
-                a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
-                plain.append(a)
-                out.append(self._optimistic(a, n))
-            elif self.chain and out:     # nothing seen here: the position before, as read
-                plain.append(plain[-1])
-                out.append(prior)
-            else:
-                plain.append(prior)
-                out.append(self._optimistic(prior, 0))
-        return out, plain
-
-    def _later(self) -> tuple[list[float], list[float]]:
-        """A later phase: each position shrunk toward its own position before once that has
-        outcomes, else toward the phase before's plain estimate of it; only position 1 is read
-        raised by the cold optimism (whether to draft at all in a new phase is worth a try;
-        how deep is learnt from outcomes and the deeper steps)."""
-        plain: list[float] = []
-        cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
-        inherited = self.parent.plain()
-        for j, (v, n) in enumerate(zip(self.value, self.count)):
-            prior = plain[-1] if j and self.count[j - 1] else inherited[j]
-            n_eff = min(n, cap)
-            plain.append((n_eff * v + self.weight * prior) / (n_eff + self.weight) if n_eff else prior)
-        return [self._optimistic(plain[0], self.count[0])] + plain[1:], plain
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
 

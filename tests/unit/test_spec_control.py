@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -809,17 +808,13 @@ def test_a_requests_own_estimate_is_dropped_when_it_enters_the_next_phase() -> N
     assert acc.per_request["r"][0] == 1
 
 
-def test_a_cold_later_phase_tries_position_one_and_inherits_the_rest_plain() -> None:
-    """A later phase without outcomes reads the phase before's plain estimates, position 1
-    raised by the cold optimism (whether drafting pays in the new phase is worth a try). Raised
-    at every position, the products made k_max look best at each phase boundary: on an H100
-    (truncated draft, T = 0, batch 1) requests went to k = 8 for a few steps at each, where k
-    = 4 was best, and at batch 64 every boundary sent all rows drafting."""
+def test_a_cold_later_phase_reads_the_phase_before_as_it_reads_without_more_optimism() -> None:
+    """On an H100 (truncated draft, T = 0, batch 64) a cold phase raised by the optimism on top
+    of the phase before sent all 64 rows drafting at each phase boundary, each time paying the
+    draft's catch-up, and the cell fell from 1.00x to 0.83x plain."""
     acc = AcceptanceModel(K)
     for _ in range(80):                              # phase 0 warm: its estimate read as it is
         acc.record("x", 0, K, K - 2, phase=0)
-    warm = acc.shared[0][0].rates()
-    cold = acc.shared[0][1].rates()
-    assert cold[0] == pytest.approx(min(1.0, warm[0] + math.sqrt(warm[0] * (1 - warm[0]) / 4)))
-    assert cold[1:] == warm[1:]
-    assert acc.shared[0][2].rates() == cold           # no compounding down the phases
+    assert acc.shared[0][1].rates() == acc.shared[0][0].rates()
+    fresh = AcceptanceModel(K)                        # all cold: phase 0's optimism, once
+    assert fresh.shared[0][2].rates() == fresh.shared[0][0].rates()
