@@ -22,8 +22,8 @@ from specserve.engine.scheduler import Scheduler, SchedulerLimits
 from specserve.engine.setup import EngineInfo, LoadedModels, load_models
 from specserve.engine.spec_control import SpecControl
 from specserve.engine.startup_traffic import run_startup_traffic
-from specserve.engine.types import (CompletionOutput, FinishReason, Logprob, ParamError, RequestOutput,
-                          SamplingParams, SpecDecodeStats, StepStats)
+from specserve.engine.types import (CompletionOutput, FinishReason, GrowingView, Logprob, ParamError,
+                          RequestOutput, SamplingParams, SpecDecodeStats, StepStats)
 from specserve.kernels.compile_watch import watch_compiles
 
 log = logging.getLogger("specserve.engine")
@@ -272,7 +272,8 @@ class EngineCore:
             n_out = req.num_output_tokens
             outs.append(CompletionOutput(
                 index=req.index, text=detok.visible_text(req.is_finished),
-                token_ids=req.output_token_ids, logprobs=list(lps[:n_out]) if lps is not None else None,
+                token_ids=GrowingView(req.token_ids, req.prompt_len),
+                logprobs=GrowingView(lps, 0, min(n_out, len(lps))) if lps is not None else None,
                 finish_reason=req.finish_reason, stop_reason=req.stop_reason,
                 spec_decode=_copy_spec(req.spec_stats), times=req.times.copy(), error=req.error))
         return RequestOutput(parent.request_id, parent.prompt_token_ids, outs, parent.prompt_text,

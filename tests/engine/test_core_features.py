@@ -104,6 +104,24 @@ def test_streamed_text_without_stop_is_monotone(make_llm, drive):
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True).rstrip("\ufffd")
 
 
+def test_each_steps_output_keeps_its_token_ids_and_logprobs_after_later_steps(make_llm, drive):
+    """Outputs are cumulative snapshots taken without copying (GrowingView): the ones reported
+    at earlier steps still hold exactly the tokens and logprobs they had then."""
+    llm = make_llm(MODEL)
+    prompt = llm.tokenizer.encode(TEXT_PROMPT)
+    d = drive(llm.core)
+    d.add("s", prompt, _greedy(20, logprobs=2))
+    run = d.until_done()
+    history = [o.outputs[0] for o in run.history["s"]]
+    final = run.final["s"].outputs[0]
+    assert len(history) > 3
+    for comp in history:
+        n = len(comp.token_ids)
+        assert comp.token_ids == final.token_ids[:n] and list(comp.token_ids) == final.token_ids[:n]
+        assert len(comp.logprobs) == n and comp.logprobs[:] == final.logprobs[:n]
+    assert len({len(c.token_ids) for c in history}) == len(history)   # each step adds tokens
+
+
 def _first_new_token(tokens: list[int], start: int) -> int:
     for i in range(start, len(tokens)):
         if tokens[i] not in tokens[:i] and tokens[i] != EOS:
