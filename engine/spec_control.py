@@ -83,10 +83,10 @@ class _Rates:
     drafts, and deep positions read against a fixed prior stayed near it. On an H100 a draft
     with ~0.7 acceptance at every position sat at k = 1 at batch 1 (E(4) looked like 2.6
     tokens; k = 4 commits 3.0 and ran 1.3x plain). A later generation phase's estimates
-    (``parent``: the phase before, in the same bucket) take the parent's estimate of the same
-    position, as it stands now, for their prior (their own position before, once that has
-    outcomes), and read as the parent reads where they have none. A request's own estimates are shrunk toward
-    its bucket's, as they stood at the request's last verification: alone, a few unlucky
+    (``parent``: the phase before, in the same bucket) take the parent's plain estimate of the
+    same position, as it stands now, for their prior (their own position before, once that has
+    outcomes) and are read without the cold optimism. A request's own estimates are shrunk
+    toward its bucket and phase's, as they stood at the request's last verification: alone, a few unlucky
     outcomes (an EMA over 5 verifications) took a 0.72 draft to 0.4, k to 0, and a request at
     k = 0 never verifies again to find out."""
 
@@ -141,28 +141,39 @@ class _Rates:
         return self._plain
 
     def rates(self) -> list[float]:
+        """The estimates as read. A later phase that no verification has reached reads its
+        parent as the parent reads; once reached, it is read like a bucket of its own: each
+        position shrunk toward its own position before (from the first position with outcomes
+        on, positions without any chain through) or else the parent's plain estimate, and
+        raised by the cold optimism while it has fewer than COLD_OUTCOMES outcomes. The
+        optimism therefore starts with a phase's first outcome, so that first outcome, even a
+        rejection, can read higher than the parent did. Measured that way on the H100
+        (837f62a); a later phase without optimism at all never learnt the demo pair's good
+        later phases in replays, and one raised before its first outcome lost at batch 64."""
         self._fresh()
         if self._rates is None:
             out: list[float] = []
             plain: list[float] = []
             cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
             parent = self.parent
+            reached = False          # a later phase: a position before had outcomes
             for j, (v, n) in enumerate(zip(self.value, self.count)):
                 n_eff = min(n, cap)
-                # the prior: the position before (a chain, or a later phase's position before
-                # once that has outcomes), the phase before's same position, or the fixed prior
-                if (self.chain or parent is not None and self.count[j - 1]) and out:
+                # the prior: the position before (a chain, or a later phase once reached), the
+                # phase before's same position, or the fixed prior
+                if (self.chain or reached) and out:
                     prior, as_read = plain[-1] if parent is not None else out[-1], out[-1]
                 elif parent is not None:
                     prior, as_read = parent.plain()[j], parent.rates()[j]
                 else:
                     prior, as_read = self.prior[j], None
+                reached = reached or (parent is not None and n > 0)
                 if n_eff:
                     a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
                     plain.append(a)
                     out.append(self._optimistic(a, n))
                 elif as_read is not None:   # nothing seen here: the prior as it reads
-                    plain.append(plain[-1] if self.chain else prior)
+                    plain.append(plain[-1] if self.chain or reached and plain else prior)
                     out.append(as_read)
                 else:
                     plain.append(prior)
@@ -209,16 +220,16 @@ class AcceptanceModel:
     sends a cold bucket, learnt ~0.5 per position there, went to k = 0 and, at k = 0, never
     saw the later phase: 126 of 127 steps at k = 0 where fixed k = 4 ran 1.3-1.5x plain. A
     phase's estimate starts from the phase before (its prior, position by position) and
-    learns its own outcomes; a request reads its current phase's. A phase without outcomes
-    reads as the phase before reads, with no optimism of its own: raised by it, on an H100
-    (truncated draft, T = 0, batch 64) every phase boundary sent all 64 rows drafting, each
-    time paying the draft's catch-up, and the cell fell from 1.00x to 0.83x plain. A later
-    phase is explored by the probes from k = 0 and by requests that draft into it.
+    learns its own outcomes; a request reads its current phase's. Only the first phase is read
+    with the cold optimism: raised by it, on an H100 (truncated draft, T = 0, batch 64) every
+    phase boundary sent all 64 rows drafting, each time paying the draft's catch-up, and the
+    cell fell from 1.00x to 0.83x plain (0.54x with position 1 alone raised). A later phase is
+    explored by the probes from k = 0 and by requests that draft into it.
 
     A request's own estimate belongs to one phase: when the request enters the next, its own
     is dropped and it reads the shared estimate of the new phase (and builds its own there
     from its next verifications). It also goes stale: once STALE_STEPS steps (``tick``) pass
-    without a verification of its drafts, it is dropped and the request reads its bucket's
+    without a verification of its drafts, it is dropped and the request reads its bucket and phase's
     estimate again, and the next time after twice as many steps. A request's estimate is what
     put it at k = 0, and at k = 0 nothing verifies it again: on the CPU machine a demo-pair
     request whose first verifications (the start of a generation is the least predictable
@@ -264,17 +275,28 @@ class AcceptanceModel:
         self.steps += 1
 
     def record(self, request_id: str, bucket: int, k: int, accepted: int, phase: int = 0) -> None:
-        if k <= 0:
-            return
-        shared = self.shared[bucket][phase]
-        shared.update(k, accepted)
-        self._last_verified[request_id] = self.steps
-        entry = self.per_request.get(request_id)
-        if entry is None or entry[0] != phase:
-            # a request's prior: its bucket's estimate in this phase, worth prior_weight outcomes
-            entry = self.per_request[request_id] = (phase, _Rates(self.k_max, shared.rates(),
-                                                                  self.prior_weight, self.request_rate))
-        entry[1].update(k, accepted, shared.rates())
+        self.record_step([(request_id, bucket, k, accepted, phase)])
+
+    def record_step(self, verified: list[tuple[str, int, int, int, int]]) -> None:
+        """One step's verifications, (request id, bucket, k, accepted, phase) each: the shared
+        estimates first, then each request's own with its bucket and phase's estimate after
+        the step for its prior (read once per bucket and phase: a later phase's read walks the
+        phases before it, and each update of one of them invalidates it)."""
+        verified = [v for v in verified if v[2] > 0]
+        for _, bucket, k, accepted, phase in verified:
+            self.shared[bucket][phase].update(k, accepted)
+        priors: dict[tuple[int, int], list[float]] = {}
+        for request_id, bucket, k, accepted, phase in verified:
+            prior = priors.get((bucket, phase))
+            if prior is None:
+                prior = priors[(bucket, phase)] = self.shared[bucket][phase].rates()
+            self._last_verified[request_id] = self.steps
+            entry = self.per_request.get(request_id)
+            if entry is None or entry[0] != phase:
+                # a request's prior: its bucket's estimate in this phase, worth prior_weight outcomes
+                entry = self.per_request[request_id] = (phase, _Rates(self.k_max, prior, self.prior_weight,
+                                                                      self.request_rate))
+            entry[1].update(k, accepted, prior)
 
     def _estimate(self, request_id: str, bucket: int, phase: int) -> _Rates:
         entry = self.per_request.get(request_id)
@@ -757,7 +779,7 @@ class KController:
         """Sum over rows of E(min(k, budget)) (pinned rows: their pin) for every batch k.
 
         Runs every step, so it is O(rows x k_max): one E table per distinct (rates, budget, pin);
-        rows without their own history share their temperature bucket's table."""
+        rows without their own history share their bucket and phase's table."""
         free: dict = {}                    # rows that take whatever k the batch takes: table -> count
         groups: dict = {}                  # the others: (table, budget, pin) -> rows
         for r in rows:
@@ -838,6 +860,9 @@ class SpecControl:
         self.pin_seeded = pin_seeded and mode == "adaptive"
         self._steps = 0
         self._fixed: dict[str, tuple[int, Optional[int]]] = {}   # request id -> _fixed_part
+        # request id -> (generation phase of the drafts it proposes this step, of those it
+        # verifies this step: the phase the step before planned them in)
+        self._phases: dict[str, tuple[int, int]] = {}
         self.snapshot: dict = self.controller.snapshot()   # replaced whole, never mutated
 
     def _fixed_part(self, req) -> tuple[int, Optional[int]]:
@@ -881,9 +906,11 @@ class SpecControl:
             n = len(req.token_ids) + unread
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
             sampling.append(s)   # budget: drafts that fit once this step's token is committed
+            phase = generation_phase(n - req.prompt_len)
+            before = self._phases.get(req.request_id)
+            self._phases[req.request_id] = (phase, phase if before is None else before[0])
             rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
-                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0,
-                            generation_phase(n - req.prompt_len)))
+                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0, phase))
         if sampling:
             decision = ctl.decide(rows)
             for s, k in zip(sampling, decision.ks):
@@ -906,17 +933,25 @@ class SpecControl:
 
     def record(self, scheduled: list) -> None:
         """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``),
-        each in the generation phase its request was in before the step committed its tokens."""
+        each in the generation phase its request was in when the step before decided to
+        propose them (``plan``)."""
+        verified = []
         for s in scheduled:
             if s.samples and s.k:
                 req = s.request
-                before = len(req.token_ids) - req.prompt_len - s.num_accepted - 1
-                self.controller.acceptance.record(req.request_id, self._fixed_part(req)[0], s.k,
-                                                  s.num_accepted, generation_phase(max(0, before)))
+                phases = self._phases.get(req.request_id)
+                if phases is not None:
+                    phase = phases[1]
+                else:   # (not planned here: a test's step) from the tokens before the step
+                    phase = generation_phase(max(0, req.num_output_tokens - s.num_accepted - 1))
+                verified.append((req.request_id, self._fixed_part(req)[0], s.k, s.num_accepted, phase))
+        if verified:
+            self.controller.acceptance.record_step(verified)
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)
         self._fixed.pop(request_id, None)
+        self._phases.pop(request_id, None)
 
     def after_step(self, scheduled: list, stats) -> None:
         """Fill the step's speculation stats; a decode-only step also refines the cost model."""

@@ -818,3 +818,34 @@ def test_a_cold_later_phase_reads_the_phase_before_as_it_reads_without_more_opti
     assert acc.shared[0][1].rates() == acc.shared[0][0].rates()
     fresh = AcceptanceModel(K)                        # all cold: phase 0's optimism, once
     assert fresh.shared[0][2].rates() == fresh.shared[0][0].rates()
+
+
+def test_a_verification_counts_in_the_phase_its_drafts_were_planned_in() -> None:
+    """Drafts planned at 15 output tokens (phase 0) and verified after the step that took the
+    request to 16 and past are phase-0 outcomes: the phase the controller priced them in."""
+    sc = SpecControl(K, "adaptive", 4096, False, _cal(0.05))
+    sc.controller.force = lambda row: K
+    [s] = _scheduled(1, out=15)
+    sc.plan([s])                                      # step N: phase 0, proposes K drafts
+    assert s.k_next == K
+    req = s.request
+    req.token_ids += [7]                              # step N commits its token: 16 outputs
+    nxt = ScheduledRequest(req, 1 + K, len(req.token_ids) - 1, True, K, K)
+    sc.plan([nxt])                                    # step N + 1 (phase 1) verifies them
+    nxt.num_accepted = K
+    req.token_ids += [7] * (K + 1)
+    sc.record([nxt])
+    acc = sc.controller.acceptance
+    assert acc.shared[0][0].count[0] == 1 and acc.shared[0][1].count[0] == 0
+    sc.forget(req.request_id)
+    assert not sc._phases
+
+
+def test_a_reached_later_phase_chains_its_untried_positions_through_its_own() -> None:
+    acc = AcceptanceModel(K, optimism=0.0)
+    for _ in range(100):
+        acc.record("x", 0, K, K, phase=0)             # phase 0: every draft accepted
+    acc.record("y", 0, K, 0, phase=1)                 # phase 1: one rejection at position 1
+    one = acc.shared[0][1].rates()
+    assert one[0] < acc.shared[0][0].rates()[0]
+    assert one[1:] == [one[0]] * (K - 1)              # not phase 0's ~1.0 from position 3 on
