@@ -85,7 +85,7 @@ class _Rates:
     tokens; k = 4 commits 3.0 and ran 1.3x plain). A later generation phase's estimates
     (``parent``: the phase before, in the same bucket) take the parent's plain estimate of the
     same position, as it stands now, for their prior (their own position before, once that has
-    outcomes) and are read without the cold optimism. A request's own estimates are shrunk
+    outcomes; ``rates`` says when the cold optimism applies). A request's own estimates are shrunk
     toward its bucket and phase's, as they stood at the request's last verification: alone, a few unlucky
     outcomes (an EMA over 5 verifications) took a 0.72 draft to 0.4, k to 0, and a request at
     k = 0 never verifies again to find out."""
@@ -122,7 +122,9 @@ class _Rates:
     def table(self) -> list[float]:
         self._fresh()
         if self._table is None:
-            self._table = expected_tokens_table(self.rates())
+            if self._rates is None:
+                self._rates, self._plain = self._read()
+            self._table = expected_tokens_table(self._rates)
         return self._table
 
     def update(self, k: int, accepted: int, prior: Optional[list[float]] = None) -> None:
@@ -152,34 +154,41 @@ class _Rates:
         later phases in replays, and one raised before its first outcome lost at batch 64."""
         self._fresh()
         if self._rates is None:
-            out: list[float] = []
-            plain: list[float] = []
-            cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
-            parent = self.parent
-            reached = False          # a later phase: a position before had outcomes
-            for j, (v, n) in enumerate(zip(self.value, self.count)):
-                n_eff = min(n, cap)
-                # the prior: the position before (a chain, or a later phase once reached), the
-                # phase before's same position, or the fixed prior
-                if (self.chain or reached) and out:
-                    prior, as_read = plain[-1] if parent is not None else out[-1], out[-1]
-                elif parent is not None:
-                    prior, as_read = parent.plain()[j], parent.rates()[j]
-                else:
-                    prior, as_read = self.prior[j], None
-                reached = reached or (parent is not None and n > 0)
-                if n_eff:
-                    a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
-                    plain.append(a)
-                    out.append(self._optimistic(a, n))
-                elif as_read is not None:   # nothing seen here: the prior as it reads
-                    plain.append(plain[-1] if self.chain or reached and plain else prior)
-                    out.append(as_read)
-                else:
-                    plain.append(prior)
-                    out.append(self._optimistic(prior, 0))
-            self._rates, self._plain = out, plain
+            self._rates, self._plain = self._read()
         return self._rates
+
+    def _read(self) -> tuple[list[float], list[float]]:
+        """(as read, plain) per position, as ``rates`` describes."""
+        out: list[float] = []
+        plain: list[float] = []
+        cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
+        parent = self.parent
+        if parent is not None:
+            inherited_plain, inherited_read = parent.plain(), parent.rates()
+        reached = False          # a later phase: a position before had outcomes
+        for j, (v, n) in enumerate(zip(self.value, self.count)):
+            n_eff = min(n, cap)
+            # the prior: the position before (a chain, or a later phase once reached), the
+            # phase before's same position, or the fixed prior
+            from_before = (self.chain or reached) and bool(out)
+            if from_before:
+                prior, as_read = plain[-1] if parent is not None else out[-1], out[-1]
+            elif parent is not None:
+                prior, as_read = inherited_plain[j], inherited_read[j]
+            else:
+                prior, as_read = self.prior[j], None
+            reached = reached or (parent is not None and n > 0)
+            if n_eff:
+                a = (n_eff * v + self.weight * prior) / (n_eff + self.weight)
+                plain.append(a)
+                out.append(self._optimistic(a, n))
+            elif as_read is not None:   # nothing seen here: the prior as it reads
+                plain.append(plain[-1] if from_before else prior)
+                out.append(as_read)
+            else:
+                plain.append(prior)
+                out.append(self._optimistic(prior, 0))
+        return out, plain
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
 
@@ -220,11 +229,13 @@ class AcceptanceModel:
     sends a cold bucket, learnt ~0.5 per position there, went to k = 0 and, at k = 0, never
     saw the later phase: 126 of 127 steps at k = 0 where fixed k = 4 ran 1.3-1.5x plain. A
     phase's estimate starts from the phase before (its prior, position by position) and
-    learns its own outcomes; a request reads its current phase's. Only the first phase is read
-    with the cold optimism: raised by it, on an H100 (truncated draft, T = 0, batch 64) every
-    phase boundary sent all 64 rows drafting, each time paying the draft's catch-up, and the
-    cell fell from 1.00x to 0.83x plain (0.54x with position 1 alone raised). A later phase is
-    explored by the probes from k = 0 and by requests that draft into it.
+    learns its own outcomes; a request reads its current phase's. A later phase that no
+    verification has reached reads the phase before as it reads, without a cold optimism of
+    its own: raised before its first outcome, on an H100 (truncated draft, T = 0, batch 64)
+    every phase boundary sent all 64 rows drafting, each time paying the draft's catch-up, and
+    the cell fell from 1.00x to 0.83x plain (0.54x with position 1 alone raised). Once reached
+    (by the probes from k = 0 or by requests that draft into it) it is read like a bucket of
+    its own, optimism included (``_Rates.rates``).
 
     A request's own estimate belongs to one phase: when the request enters the next, its own
     is dropped and it reads the shared estimate of the new phase (and builds its own there
