@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
+import time
 from pathlib import Path
 
 from specserve.bench import adaptive as ad
@@ -86,19 +88,59 @@ def run_cells(core, s: ad.AdaptiveSettings, repeats: int, pair: str, res: dict,
                         "goodput": [round(g) for g in last.goodput] if last and last.goodput else None})
 
                 controller = contextlib.nullcontext() if k_fixed is None else ad.fixed_k(core, k_fixed, {})
-                with controller:
+                with controller, gc_pauses() as pauses:
                     run = ad.run_generation(core, prompts, s.output_len_for(b), f"d-{key}",
                                             temperature=t, on_decode_step=on_step)
+                print(f"  gc: {len(pauses)} collections, {sum(pauses) * 1e3:.1f} ms "
+                      f"(longest {max(pauses, default=0.0) * 1e3:.1f} ms)")
                 res["cells"][key] = {"tok_per_s": run.decode_tok_per_s, "steps": steps,
                                      "cost": cost.snapshot() if cost is not None else None,
                                      "acceptance": ctl.acceptance.snapshot() if ctl is not None else None}
                 print(f"{key}: {run.decode_tok_per_s:,.1f} tok/s, {len(steps)} decode steps, "
                       f"acceptance {run.spec.acceptance_length}", flush=True)
+                print_plain_summary(steps)
                 print_steps(steps)
             snap = res["cells"][key]
             if snap["cost"] is not None:
                 print("  cost", json.dumps({k: v for k, v in snap["cost"].items() if k != "calibration"}))
                 print("  acceptance", json.dumps(snap["acceptance"]), flush=True)
+
+
+@contextlib.contextmanager
+def gc_pauses():
+    """Seconds of each garbage collection while the block runs."""
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def print_plain_summary(steps: list) -> None:
+    """The plain steps (no drafts verified or proposed): wall ms at the median, p90 and max, and
+    the median host and target ms, to set beside a plain engine's steps."""
+    plain = [st for st in steps if not (st["drafts"] or st["k_next"])]
+    if not plain:
+        return
+    ms = [st["ms"] for st in plain]
+    host = [st["host_ms"] for st in plain if st["host_ms"] is not None]
+    print(f"  plain steps: {len(plain)}, ms p50 {_quantile(ms, 0.5):.3f} p90 {_quantile(ms, 0.9):.3f} "
+          f"max {max(ms):.3f}, host p50 {_quantile(host, 0.5):.3f}, "
+          f"target p50 {_quantile([st['target_ms'] for st in plain], 0.5):.3f}", flush=True)
 
 
 def print_steps(steps: list) -> None:
