@@ -1,6 +1,6 @@
 """Why adaptive k chose what it chose: the bench's adaptive engines (Qwen3-1.7B-like dummy target,
-section adaptive's settings; the truncated draft by default, ``--pairs`` for the unrelated draft
-or no draft) run their adaptive cells at the given batches and temperatures, three times each like
+section adaptive's settings; the truncated draft by default, ``--pairs`` for the unrelated draft,
+the self-draft or no draft) run their adaptive cells at the given batches and temperatures, three times each like
 the bench, and record for every decode step: wall ms, the host share, k verified and k proposed,
 committed tokens, target and draft ms, and the controller's predicted step ms and goodput for
 every k. Each cell ends with the cost model's and the acceptance model's snapshot. Prints one line
@@ -26,7 +26,7 @@ from specserve.bench.engines import free_device_memory, random_prompts
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", default="mid", help="drafts (comma-separated): mid (the truncated "
-                   "target), unrelated (the 0.6B-like dummy), none (plain decoding)")
+                   "target), unrelated (the 0.6B-like dummy), self (the target), none (plain decoding)")
     p.add_argument("--batches", default="1,16", help="batch sizes (comma-separated)")
     p.add_argument("--temps", default="0,1", help="temperatures (comma-separated)")
     p.add_argument("--repeats", type=int, default=3, help="adaptive runs per cell")
@@ -45,7 +45,8 @@ def main() -> None:
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     res: dict = {"calibration": {}, "cells": {}}
     for pair in a.pairs.split(","):
-        core = ad.build_core(cache, dirs["target"], None if pair == "none" else dirs[pair], s)
+        draft = None if pair == "none" else dirs["target"] if pair == "self" else dirs[pair]
+        core = ad.build_core(cache, dirs["target"], draft, s)
         run_cells(core, s, a.repeats, pair, res, fixed if pair != "none" else ())
         core = None   # the last reference, so that the engine is freed before the next one
         free_device_memory(cache.device)
