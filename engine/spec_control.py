@@ -444,6 +444,7 @@ class CostModel:
         # batch 16, 2.0 ms measured). An unmeasured bucket's k = 0 is predicted at this share of
         # its calibration: at 2.65 ms, k = 2 looked 1.05x plain and ran at 0.76x.
         self.zero_scale = _Ema()
+        self.device_stalls = 0   # steps not learnt from: their target part stalled (``observe``)
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -451,10 +452,8 @@ class CostModel:
 
     def device_seconds(self, batch: int, k_verify: int, k_draft: int) -> float:
         cal = self.cal
-        col = [_interp(cal.widths, row, k_verify + 1, cal.padded) for row in cal.target]
-        t = _interp(cal.batches, col, batch, cal.padded)
         d = _interp(cal.batches, cal.draft, batch, cal.padded) if k_draft else 0.0
-        return t + k_draft * d
+        return self.target_seconds(batch, k_verify) + k_draft * d
 
     def measured(self, batch: int, k: int) -> bool:
         """Whether steady steps at k have been measured at this batch's bucket (the measured
@@ -518,8 +517,14 @@ class CostModel:
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
     ZERO_SCALE = (0.5, 1.5)   # bounds of one k = 0 step's measured / calibrated ratio
 
+    def target_seconds(self, batch: int, k_verify: int) -> float:
+        """The calibrated target forward + sampler of a step verifying ``k_verify`` drafts."""
+        cal = self.cal
+        col = [_interp(cal.widths, row, k_verify + 1, cal.padded) for row in cal.target]
+        return _interp(cal.batches, col, batch, cal.padded)
+
     def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float,
-                hidden_host: Optional[float] = None) -> None:
+                hidden_host: Optional[float] = None, target_seconds: Optional[float] = None) -> None:
         """A decode-only step that verified ``k_verify`` and proposed ``k_draft`` drafts per row.
 
         The host residual (step time beyond the calibrated device time) is what a step whose
@@ -538,7 +543,16 @@ class CostModel:
         host hiccup) is not the cost of that k: taught as is, one such step (seconds, against
         milliseconds) makes its k look slow for dozens of steps, and the controller leaves a
         good k for a losing one. Each step counts at most STALL times what was expected, so a
-        real change in cost still comes through within a few steps."""
+        real change in cost still comes through within a few steps. A step whose target part
+        (``target_seconds``, the device's own clock) ran over STALL times its calibration
+        stalled on the device (a graph or kernel met for the first time) and teaches nothing:
+        clipped, the first drafting step at batch 1 on an H100 (19.8 ms, its target part 11.4
+        ms against 2.3 calibrated) still set the drafting host residual to 4 ms, k = 1 read 5.4
+        ms against 2.3 at k = 0, and the controller sat at 0 for 67 steps where fixed k = 4 ran
+        1.2x plain."""
+        if target_seconds and target_seconds > self.STALL * self.target_seconds(batch, k_verify):
+            self.device_stalls += 1
+            return
         expect = self._expected(batch, k_verify, k_draft)
         seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
         b = self.bucket(batch)
@@ -560,7 +574,7 @@ class CostModel:
             self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
 
     def snapshot(self) -> dict:
-        return {"calibration": self.cal.as_dict(),
+        return {"calibration": self.cal.as_dict(), "device_stalls": self.device_stalls,
                 "overhead_seconds": {b: round(e.value, 7) for b, e in sorted(self.overhead.items())},
                 "plain_step_over_calibration": (round(self.zero_scale.value, 4)
                                                 if self.zero_scale.count else None),
@@ -836,13 +850,15 @@ class KController:
         return d
 
     def observe_step(self, batch: int, k_verify: int, k_draft: int, tokens: int,
-                     seconds: float, hidden_host: Optional[float] = None) -> None:
+                     seconds: float, hidden_host: Optional[float] = None,
+                     target_seconds: Optional[float] = None) -> None:
         """A decode-only step: every row verified ``k_verify`` (the widest row) and proposed up
         to ``k_draft`` drafts; ``tokens`` were committed in ``seconds``. ``hidden_host``: the
-        host work of a step the GPU did not wait for (decode-ahead), see CostModel.observe."""
+        host work of a step the GPU did not wait for (decode-ahead); ``target_seconds``: its
+        target part; see CostModel.observe."""
         if self.cost is None or batch <= 0 or seconds <= 0:
             return
-        self.cost.observe(batch, k_verify, k_draft, seconds, hidden_host)
+        self.cost.observe(batch, k_verify, k_draft, seconds, hidden_host, target_seconds)
         if self.measured_tps is None:
             self.measured_tps, self.plain_tps = _Ema(), _Ema()
         self.measured_tps.add(tokens / seconds, 0.05)
@@ -996,7 +1012,7 @@ class SpecControl:
             if stats.host_wait_seconds is not None:
                 host = max(0.0, stats.step_seconds - stats.host_wait_seconds)
             ctl.observe_step(sampling, k_verify, k_draft, stats.num_generation_tokens,
-                             stats.step_seconds, host)
+                             stats.step_seconds, host, stats.target_seconds)
         if ctl.last is not None:
             stats.spec_predicted_speedup = ctl.last.predicted_speedup
         stats.spec_measured_speedup = ctl.measured_speedup

@@ -99,9 +99,11 @@ def main(argv=None) -> int:
                             "ratio": statistics.median(t / p for t, p in zip(tps, plain)),
                             "acceptance_length": got[-1]["acceptance_length"],
                             "chosen_k": [a - c for a, c in zip(counts, counts_before[(name, mode)])]})
+            cost = engines[(name, mode)].spec_control.controller.cost
+            stalls = f", device stalls skipped {cost.device_stalls}" if cost is not None else ""
             print(f"{name:12s} {mode:8s} batch {b:3d}: {results[-1]['tok_per_s']:8.1f} tok/s "
                   f"(plain {results[-1]['no_spec_tok_per_s']:.1f}) {results[-1]['ratio']:.2f}x "
-                  f"chosen k {results[-1]['chosen_k']}", file=sys.stderr, flush=True)
+                  f"chosen k {results[-1]['chosen_k']}{stalls}", file=sys.stderr, flush=True)
     print(f"\n| Draft | k | Batch | tok/s no spec | tok/s | ratio | E (accept len) | chosen k counts 0..{args.k} |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:

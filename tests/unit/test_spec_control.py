@@ -342,6 +342,22 @@ def test_a_stall_does_not_teach_the_cost_model_but_a_real_change_does():
     assert slower.step_seconds(16, 0) > 0.027
 
 
+def test_a_step_whose_target_part_stalled_on_the_device_teaches_nothing():
+    """The first drafting step at a batch meets a graph or kernel for the first time: its target
+    part runs far over its calibration. Learnt, even clipped, it sets the drafting host residual
+    (every k > 0 looks dear); skipped, the next normal steps teach the real cost."""
+    cal = _cal(0.1)
+    clipped, skipped = CostModel(cal), CostModel(cal)
+    target = clipped.target_seconds(1, 3)
+    for model, part in ((clipped, None), (skipped, 5 * target)):
+        model.observe(1, 3, 3, 8 * target, target_seconds=part)
+    assert skipped.device_stalls == 1 and clipped.device_stalls == 0
+    assert skipped.step_seconds(1, 1) < clipped.step_seconds(1, 1)
+    assert skipped.step_seconds(1, 1) == pytest.approx(CostModel(cal).step_seconds(1, 1))
+    skipped.observe(1, 3, 3, 1.2 * skipped.device_seconds(1, 3, 3), target_seconds=1.1 * target)
+    assert skipped.device_stalls == 1 and skipped.drafting_overhead[1].count == 1
+
+
 def _engine_step(ctl: KController, batch: int) -> int:
     """What SpecControl.plan does: a held step at 0, else a full decision."""
     return 0 if ctl.hold_zero(batch) else _decide(ctl, batch)
