@@ -197,7 +197,11 @@ class Scheduler:
         self.kv.commit(req, req.num_computed_tokens, draft)
 
     def _preempt(self, req: Request) -> None:
-        """Free the request's KV (both models) and queue it first; drafts and their probs survive."""
+        """Free the request's KV (both models) and queue it first; drafts and their probs survive
+        (copied to storage of their own: the draft loop hands out views of one batch-wide copy,
+        which a request waiting in the queue would otherwise keep alive whole)."""
+        if req.draft_probs is not None:
+            req.draft_probs = req.draft_probs.clone()
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0

@@ -24,7 +24,7 @@ import torch
 
 from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamilyModel
 from specserve.engine.runner.inputs import ForwardItem
-from specserve.engine.runner.transfer import host_buffer, host_tensor, to_device
+from specserve.engine.runner.transfer import fill_rows, host_buffer, host_tensor, to_device
 
 log = logging.getLogger("specserve.runner")
 
@@ -212,7 +212,7 @@ class GraphedForward(PiecewiseGraphs):
             slots.extend(it.block_ids[x // bs] * bs + x % bs for x in range(it.start, it.start + n_real))
             slots.extend([-1] * (q - n_real))
             seq_lens.append(it.start + q)
-            tables[r, :len(it.block_ids)] = torch.tensor(it.block_ids, dtype=torch.int32)
+        fill_rows(tables, (it.block_ids for it in items))
         pad = b - nreq
         pos += [0] * (pad * q)
         slots += [-1] * (pad * q)

@@ -34,7 +34,7 @@ from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamil
 from specserve.engine.request import Request
 from specserve.engine.runner.cuda_graphs import buckets_up_to, capture_pieces, first_piece_layers
 from specserve.engine.runner.sampling_inputs import host_fields
-from specserve.engine.runner.transfer import host_buffer
+from specserve.engine.runner.transfer import fill_rows, host_buffer
 from specserve.kernels import ops
 
 log = logging.getLogger("specserve.runner")
@@ -219,12 +219,16 @@ class DraftLoop:
     def collect(self, table: list[list[int]], ks: list[int]
                 ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
         """Each row's first ``k`` drafts (``ks``) from the read ``table`` and, when probabilities
-        are stored, their q [k, V] as tensors of their own (the next run overwrites the
-        buffer)."""
+        are stored, their q [k, V]: views into one copy of the batch's rows (the next run
+        overwrites the buffer). A copy per row cost a launch and an allocation each, ~0.9 ms of
+        host time a step at batch 64 on an H100 (cProfile); a request preempted keeps a copy of
+        its own instead of the batch's (``Scheduler._preempt``)."""
         drafts = [t[:k] for t, k in zip(table, ks)]
-        if self.probs is None:
+        k_most = max(ks, default=0)
+        if self.probs is None or k_most == 0:
             return drafts, [None] * len(drafts)
-        return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(ks)]
+        block = self.probs[:k_most, :len(ks)].clone()   # [k, rows, V]
+        return drafts, [block[:k, i] if k else None for i, k in enumerate(ks)]
 
     def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],
               caps: list[int]) -> int:
@@ -242,8 +246,7 @@ class DraftLoop:
         ints[_TOP_K:_CAP, :n] = torch.tensor(it, dtype=torch.int64)
         ints[_CAP, :n] = torch.tensor(caps, dtype=torch.int64)
         ints[:_TOP_K, :n] = torch.tensor(lead, dtype=torch.int64)
-        for r, req in enumerate(requests):
-            tables[r, :len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
+        fill_rows(tables, (req.block_ids for req in requests))
         self.ints[:, :b].copy_(ints, non_blocking=True)
         self.floats[:, :b].copy_(floats, non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)

@@ -36,7 +36,7 @@ from specserve.engine.models.llama import AttentionMetadata, KVCache, LlamaFamil
 from specserve.engine.models.spec import ModelSpec
 from specserve.engine.runner.cuda_graphs import PiecewiseGraphs
 from specserve.engine.runner.inputs import ForwardItem, flatten
-from specserve.engine.runner.transfer import host_buffer, host_tensor, to_device
+from specserve.engine.runner.transfer import fill_rows, host_buffer, host_tensor, to_device
 
 log = logging.getLogger("specserve.runner")
 
@@ -128,9 +128,7 @@ class RaggedGraphedForward(PiecewiseGraphs):
         t = next(b for b in self.buckets if b >= n)
         dev = self.input_ids.device
         tables = host_buffer(tuple(self.block_tables.shape), torch.int32, dev)
-        for r, it in enumerate(items):
-            if it.block_ids:
-                tables[r, :len(it.block_ids)] = torch.tensor(it.block_ids, dtype=torch.int32)
+        fill_rows(tables, (it.block_ids for it in items))
         pad_tokens, pad_reqs = t - n, self.max_reqs - len(items)
         # rows of no request: token 0 at position 0, no KV write (slot -1); requests past the
         # batch's: zero-length, starting after the last real token

@@ -10,7 +10,7 @@ pinned block alive until the copy that reads it has completed.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -31,3 +31,13 @@ def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> tor
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return host_tensor(values, dtype, device).to(device, non_blocking=True)
+
+
+def fill_rows(table: torch.Tensor, rows: Iterable[Sequence[int]]) -> None:
+    """``table[r, :len(row)] = row`` for each row of a host tensor (block tables), through a numpy
+    view: a ``torch.tensor`` and an indexed copy per row cost ~23 us a row on the CPU machine,
+    1.5 ms at batch 64, paid by every step's target and draft inputs; numpy's ~1.7 us a row."""
+    view = table.numpy()
+    for r, row in enumerate(rows):
+        if row:
+            view[r, :len(row)] = row

@@ -156,3 +156,35 @@ def test_passes_no_request_needs_are_skipped(pair, make_llm):
     assert all(len(o.outputs[0].token_ids) == 9 for o in out)
     assert passes == [max(0, min(4, n)) for n in needed], (passes, needed)
     assert 0 < min(needed) < 4, needed            # short proposals happened
+
+
+def test_draft_probs_are_views_of_one_copy_and_a_preempted_request_gets_its_own(pair, make_llm):
+    """``collect`` copies the batch's probabilities once and hands each row a view: the next run
+    overwrites the loop's buffer, not them. A preempted request copies its view, so a request
+    waiting in the queue does not keep the whole batch's copy alive."""
+    llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=4, num_kv_blocks=64,
+                   draft_sample_method="sample")
+    loop = llm.core.runner.draft_loop
+    loop.probs.uniform_()
+    before = loop.probs.clone()
+    _, probs = loop.collect([[1, 2, 3, 4]] * 3, [4, 0, 2])
+    assert probs[1] is None
+    assert probs[0].untyped_storage().data_ptr() == probs[2].untyped_storage().data_ptr()
+    assert probs[0].untyped_storage().data_ptr() != loop.probs.untyped_storage().data_ptr()
+    loop.probs.fill_(7.0)
+    assert torch.equal(probs[0], before[:4, 0]) and torch.equal(probs[2], before[:2, 2])
+
+    core = llm.core
+    for i in range(3):
+        core.add_request(f"r{i}", [5 + i, 6, 7, 8], SamplingParams(temperature=1.0, max_tokens=40,
+                                                                    ignore_eos=True, seed=i))
+    running = core.scheduler.running
+    while len(running) < 3 or not all(r.draft_probs is not None for r in running):
+        core.step()
+    req, other = core.scheduler.running[0], core.scheduler.running[1]
+    assert req.draft_probs.untyped_storage().data_ptr() == other.draft_probs.untyped_storage().data_ptr()
+    kept = req.draft_probs.clone()
+    core.scheduler._preempt(req)
+    assert req.draft_probs.untyped_storage().data_ptr() != other.draft_probs.untyped_storage().data_ptr()
+    assert torch.equal(req.draft_probs, kept)
+    core.abort(["r0", "r1", "r2"])
