@@ -445,6 +445,7 @@ class CostModel:
         # its calibration: at 2.65 ms, k = 2 looked 1.05x plain and ran at 0.76x.
         self.zero_scale = _Ema()
         self.device_stalls = 0   # steps not learnt from: their target part stalled (``observe``)
+        self._target_memo: dict[tuple[int, int], float] = {}
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -518,10 +519,15 @@ class CostModel:
     ZERO_SCALE = (0.5, 1.5)   # bounds of one k = 0 step's measured / calibrated ratio
 
     def target_seconds(self, batch: int, k_verify: int) -> float:
-        """The calibrated target forward + sampler of a step verifying ``k_verify`` drafts."""
-        cal = self.cal
-        col = [_interp(cal.widths, row, k_verify + 1, cal.padded) for row in cal.target]
-        return _interp(cal.batches, col, batch, cal.padded)
+        """The calibrated target forward + sampler of a step verifying ``k_verify`` drafts
+        (memoised: the calibration never changes, and every step reads it a few times)."""
+        key = (batch, k_verify)
+        t = self._target_memo.get(key)
+        if t is None:
+            cal = self.cal
+            col = [_interp(cal.widths, row, k_verify + 1, cal.padded) for row in cal.target]
+            t = self._target_memo[key] = _interp(cal.batches, col, batch, cal.padded)
+        return t
 
     def observe(self, batch: int, k_verify: int, k_draft: int, seconds: float,
                 hidden_host: Optional[float] = None, target_seconds: Optional[float] = None) -> None:
@@ -630,9 +636,11 @@ class KController:
     # A full evaluation costs Python per row (~1 ms at 256 rows on the 2-core CPU machine), so
     # large batches recheck one step in batch / ZERO_RECHECK_ROWS instead: at batch 256, every
     # 4th step's evaluation alone took ~0.3 ms a step there, where the H100 steps batch 256 in
-    # ~7.5 ms with the host as the bottleneck (cells at k = 0 read 0.89-0.95x plain).
+    # ~7.5 ms with the host as the bottleneck (cells at k = 0 read 0.89-0.95x plain). At batch
+    # 64 and T = 1 the H100 steps are host-bound too (2.36 ms of kernels a step, 3.1 ms a step
+    # plain, 3.5 ms adaptive at k = 0, same kernels): one recheck in batch / 8 steps, not / 16.
     ZERO_RECHECK = 4
-    ZERO_RECHECK_ROWS = 16
+    ZERO_RECHECK_ROWS = 8
     # The acceptance model learns position j only from verifications of at least j drafts: a
     # position past the current k keeps whatever its first few outcomes said. In a replay of the
     # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
@@ -929,11 +937,15 @@ class SpecControl:
         """Runs every step over every sampling request: the per-row work is a few integer
         operations (the fixed part is cached per request), so k = 0 costs next to nothing.
         ``unread``: tokens each request has sampled that its token list does not hold yet
-        (decode-ahead plans a step before the previous one is read)."""
+        (decode-ahead plans a step before the previous one is read; its rows all sample, with
+        k_next = 0 until planned here)."""
         ctl = self.controller
         ctl.acceptance.tick()
-        if ctl.current == 0 and ctl.hold_zero(sum(1 for s in scheduled if s.samples)):
-            self._mark(scheduled, hold=True)
+        decode_only = unread > 0   # decode-ahead's continuation: every row samples, k_next = 0
+        if ctl.current == 0 and ctl.hold_zero(len(scheduled) if decode_only else
+                                              sum(1 for s in scheduled if s.samples)):
+            if not decode_only:   # (the continuation's rows are already what a hold sets)
+                self._mark(scheduled, hold=True)
             return
         k_max, max_len = ctl.k_max, self.max_model_len
         sampling, rows = [], []
