@@ -444,8 +444,9 @@ class CostModel:
         # batch 16, 2.0 ms measured). An unmeasured bucket's k = 0 is predicted at this share of
         # its calibration: at 2.65 ms, k = 2 looked 1.05x plain and ran at 0.76x.
         self.zero_scale = _Ema()
-        self.device_stalls = 0   # steps not learnt from: their target part stalled (``observe``)
+        self.device_stalls = 0   # first steps of a shape not learnt from: stalled (``observe``)
         self._target_memo: dict[tuple[int, int], float] = {}
+        self._target_shapes: set[tuple[int, int]] = set()   # (batch bucket, k verified) seen
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -549,14 +550,21 @@ class CostModel:
         host hiccup) is not the cost of that k: taught as is, one such step (seconds, against
         milliseconds) makes its k look slow for dozens of steps, and the controller leaves a
         good k for a losing one. Each step counts at most STALL times what was expected, so a
-        real change in cost still comes through within a few steps. A step whose target part
-        (``target_seconds``, the device's own clock) ran over STALL times its calibration
-        stalled on the device (a graph or kernel met for the first time) and teaches nothing:
+        real change in cost still comes through within a few steps. The first step of a target
+        shape (batch bucket, drafts verified) whose target part (``target_seconds``, the
+        device's own clock) ran over STALL times its calibration stalled on the device (a graph
+        or kernel met for the first time) and teaches nothing (only the first: that clock also
+        counts the host's input preparation and any work queued before, and skipping every
+        slow step would teach drafting's costs from its fast steps alone):
         clipped, the first drafting step at batch 1 on an H100 (19.8 ms, its target part 11.4
         ms against 2.3 calibrated) still set the drafting host residual to 4 ms, k = 1 read 5.4
         ms against 2.3 at k = 0, and the controller sat at 0 for 67 steps where fixed k = 4 ran
         1.2x plain."""
-        if target_seconds and target_seconds > self.STALL * self.target_seconds(batch, k_verify):
+        shape = (self.bucket(batch), k_verify)
+        first_use = shape not in self._target_shapes
+        self._target_shapes.add(shape)
+        if (first_use and target_seconds
+                and target_seconds > self.STALL * self.target_seconds(batch, k_verify)):
             self.device_stalls += 1
             return
         expect = self._expected(batch, k_verify, k_draft)

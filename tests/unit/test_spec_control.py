@@ -345,7 +345,8 @@ def test_a_stall_does_not_teach_the_cost_model_but_a_real_change_does():
 def test_a_step_whose_target_part_stalled_on_the_device_teaches_nothing():
     """The first drafting step at a batch meets a graph or kernel for the first time: its target
     part runs far over its calibration. Learnt, even clipped, it sets the drafting host residual
-    (every k > 0 looks dear); skipped, the next normal steps teach the real cost."""
+    (every k > 0 looks dear); skipped, the next normal steps teach the real cost. Later slow
+    steps of the same shape are learnt."""
     cal = _cal(0.1)
     clipped, skipped = CostModel(cal), CostModel(cal)
     target = clipped.target_seconds(1, 3)
@@ -356,6 +357,9 @@ def test_a_step_whose_target_part_stalled_on_the_device_teaches_nothing():
     assert skipped.step_seconds(1, 1) == pytest.approx(CostModel(cal).step_seconds(1, 1))
     skipped.observe(1, 3, 3, 1.2 * skipped.device_seconds(1, 3, 3), target_seconds=1.1 * target)
     assert skipped.device_stalls == 1 and skipped.drafting_overhead[1].count == 1
+    # only a shape's first step: a slow one later is learnt (clipped), not skipped
+    skipped.observe(1, 3, 3, 8 * target, target_seconds=5 * target)
+    assert skipped.device_stalls == 1 and skipped.drafting_overhead[1].count == 2
 
 
 def _engine_step(ctl: KController, batch: int) -> int:
