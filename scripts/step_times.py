@@ -1,0 +1,67 @@
+"""Decode step times on the device: the plain engine and fixed k = 2 and 4 with the truncated
+draft (the adaptive section's Qwen3-1.7B-like dummy pair), at a few batch sizes, greedy. One line
+per (batch, configuration): mean ms a step over the timed steps, the median step, tokens/s.
+
+Run it once per source tree in one device call to A/B a change (PYTHONPATH picks the tree):
+
+    PYTHONPATH=/tmp/site:$PWD python3 scripts/step_times.py --tag head
+    PYTHONPATH=/tmp/site:$PWD/base python3 scripts/step_times.py --tag base
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from specserve.bench import adaptive as ad
+from specserve.bench.engines import random_prompts
+from specserve.engine import SamplingParams
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tag", default="run", help="label printed on every line (the tree's name)")
+    p.add_argument("--batches", default="1,16,64", help="batch sizes (comma-separated)")
+    p.add_argument("--steps", type=int, default=60, help="timed steps per configuration")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
+    a = p.parse_args()
+    import specserve.engine.runner.draft_loop as source
+    print(a.tag, "code from", source.__file__, flush=True)
+    batches = tuple(int(b) for b in a.batches.split(","))
+    s = ad.AdaptiveSettings(batch_sizes=batches, temperatures=(0.0,), ks=tuple(range(1, 9)),
+                            prompt_len=32, output_len=128, cell_tokens=128, mid_layers=4,
+                            late_scale=0.05, ramp_requests=256, ramp_output_len=128, ramp_rate=2.0)
+    dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
+    plain = ad.build_core(cache, dirs["target"], None, s)
+    mid = ad.build_core(cache, dirs["target"], dirs["mid"], s)
+    for b in batches:
+        for name, core, k in (("plain", plain, 0), ("k2", mid, 2), ("k4", mid, 4)):
+            ctx = ad.fixed_k(core, k, {}) if k else None
+            if ctx is not None:
+                ctx.__enter__()
+            ids = [f"{a.tag}{name}{b}-{i}" for i in range(b)]
+            for rid, prompt in zip(ids, random_prompts(b, 32, core.info.vocab_size, 7)):
+                core.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+            for _ in range(12):
+                core.step()
+            ms, tokens = [], 0
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                _, st = core.step()
+                ms.append(st.step_seconds * 1e3)
+                tokens += st.num_generation_tokens
+            dt = time.perf_counter() - t0
+            ms.sort()
+            print(f"{a.tag} B={b:3d} {name:5s}: {dt / a.steps * 1e3:7.3f} ms/step mean, "
+                  f"p50 {ms[len(ms) // 2]:7.3f}, {tokens / dt:9.1f} tok/s", flush=True)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+            core.abort(ids)
+
+
+if __name__ == "__main__":
+    main()
