@@ -297,10 +297,15 @@ class EngineCore:
         stats.step_seconds = seconds
 
     def draft_prob_bytes(self) -> int:
-        total = 0
+        """Bytes of device memory the stored draft probabilities keep alive: each storage once
+        (requests drafted in one step hold views of one batch-wide copy, runner/draft_loop.py)."""
+        total, seen = 0, set()
         for req in self.scheduler.requests.values():
             if req.draft_probs is not None:
-                total += req.draft_probs.numel() * req.draft_probs.element_size()
+                storage = req.draft_probs.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
         return total
 
     def debug_state(self) -> dict:

@@ -200,8 +200,9 @@ class Scheduler:
         """Free the request's KV (both models) and queue it first; drafts and their probs survive
         (copied to storage of their own: the draft loop hands out views of one batch-wide copy,
         which a request waiting in the queue would otherwise keep alive whole)."""
-        if req.draft_probs is not None:
-            req.draft_probs = req.draft_probs.clone()
+        probs = req.draft_probs
+        if probs is not None and probs.untyped_storage().nbytes() > probs.numel() * probs.element_size():
+            req.draft_probs = probs.clone()
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0

@@ -147,7 +147,9 @@ class _Rates:
         parent as the parent reads; once reached, it is read like a bucket of its own: each
         position shrunk toward its own position before (from the first position with outcomes
         on, positions without any chain through) or else the parent's plain estimate, its
-        first cold position (fewer than COLD_OUTCOMES outcomes) raised by the optimism. The
+        first cold position (fewer than COLD_OUTCOMES outcomes) raised by the optimism if it has
+        outcomes or is position 1 (an untried deeper one reads the plain position before;
+        ``KController._deeper`` tries it). The
         optimism therefore starts with a phase's first outcome, so that first outcome, even a
         rejection, can read higher than the parent did. Measured that way on the H100
         (837f62a); a later phase without optimism at all never learnt the demo pair's good
@@ -173,7 +175,8 @@ class _Rates:
             # phase before's same position, or the fixed prior
             from_before = (self.chain or reached) and bool(out)
             if from_before:
-                prior, as_read = plain[-1], (out[-1] if frontier else plain[-1])
+                # (on the frontier every position before is warm: as read is plain there)
+                prior, as_read = plain[-1], plain[-1]
             elif parent is not None:
                 prior, as_read = inherited_plain[j], inherited_read[j]
             else:

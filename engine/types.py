@@ -317,7 +317,7 @@ class StepStats:
     num_preemptions: int = 0
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
-    draft_prob_bytes: int = 0            # bytes held by stored draft probabilities after the step
+    draft_prob_bytes: int = 0            # bytes stored draft probabilities keep alive after the step
     num_free_blocks: int = 0
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     step_seconds: float = 0.0

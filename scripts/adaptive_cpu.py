@@ -100,7 +100,9 @@ def main(argv=None) -> int:
                             "acceptance_length": got[-1]["acceptance_length"],
                             "chosen_k": [a - c for a, c in zip(counts, counts_before[(name, mode)])]})
             cost = engines[(name, mode)].spec_control.controller.cost
-            stalls = f", device stalls skipped {cost.device_stalls}" if cost is not None else ""
+            stalls = ""
+            if cost is not None:   # (the engine's total so far: every batch it has run)
+                stalls = f", device stalls skipped so far {cost.device_stalls}"
             print(f"{name:12s} {mode:8s} batch {b:3d}: {results[-1]['tok_per_s']:8.1f} tok/s "
                   f"(plain {results[-1]['no_spec_tok_per_s']:.1f}) {results[-1]['ratio']:.2f}x "
                   f"chosen k {results[-1]['chosen_k']}{stalls}", file=sys.stderr, flush=True)

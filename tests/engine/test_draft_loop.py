@@ -159,9 +159,10 @@ def test_passes_no_request_needs_are_skipped(pair, make_llm):
 
 
 def test_draft_probs_are_views_of_one_copy_and_a_preempted_request_gets_its_own(pair, make_llm):
-    """``collect`` copies the batch's probabilities once and hands each row a view: the next run
-    overwrites the loop's buffer, not them. A preempted request copies its view, so a request
-    waiting in the queue does not keep the whole batch's copy alive."""
+    """``collect`` copies the batch's probabilities once and hands each row a view (one copy per
+    row when most rows are short): the next run overwrites the loop's buffer, not them. A
+    preempted request copies its view, so a request waiting in the queue does not keep the whole
+    batch's copy alive; ``draft_prob_bytes`` counts a shared copy once."""
     llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=4, num_kv_blocks=64,
                    draft_sample_method="sample")
     loop = llm.core.runner.draft_loop
@@ -173,6 +174,11 @@ def test_draft_probs_are_views_of_one_copy_and_a_preempted_request_gets_its_own(
     assert probs[0].untyped_storage().data_ptr() != loop.probs.untyped_storage().data_ptr()
     loop.probs.fill_(7.0)
     assert torch.equal(probs[0], before[:4, 0]) and torch.equal(probs[2], before[:2, 2])
+    loop.probs.copy_(before)
+    _, short = loop.collect([[1, 2, 3, 4]] * 4, [4, 0, 0, 1])   # mostly short rows: one copy each
+    assert short[0].untyped_storage().data_ptr() != short[3].untyped_storage().data_ptr()
+    assert torch.equal(short[0], before[:4, 0]) and torch.equal(short[3], before[:1, 3])
+    assert short[3].untyped_storage().nbytes() == short[3].numel() * short[3].element_size()
 
     core = llm.core
     for i in range(3):
@@ -183,8 +189,11 @@ def test_draft_probs_are_views_of_one_copy_and_a_preempted_request_gets_its_own(
         core.step()
     req, other = core.scheduler.running[0], core.scheduler.running[1]
     assert req.draft_probs.untyped_storage().data_ptr() == other.draft_probs.untyped_storage().data_ptr()
+    shared = req.draft_probs.untyped_storage().nbytes()
+    assert core.draft_prob_bytes() == shared           # three views of one copy: counted once
     kept = req.draft_probs.clone()
     core.scheduler._preempt(req)
     assert req.draft_probs.untyped_storage().data_ptr() != other.draft_probs.untyped_storage().data_ptr()
     assert torch.equal(req.draft_probs, kept)
+    assert core.draft_prob_bytes() == shared + kept.numel() * kept.element_size()
     core.abort(["r0", "r1", "r2"])
