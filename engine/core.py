@@ -9,15 +9,16 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
-from specserve.engine.batch import RequestResult
+from specserve.engine.batch import RequestResult, SchedulerOutput
 from specserve.engine.config import EngineConfig
 from specserve.engine.decode_ahead import DecodeAhead
 from specserve.engine.detokenizer import IncrementalDetokenizer, TokenPieces
 from specserve.engine.errors import CapacityError
 from specserve.engine.kv_cache import KVCacheManager
-from specserve.engine.request import Request
+from specserve.engine.runner.launched import LaunchedDecode, LaunchedStep
+from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler, SchedulerLimits
 from specserve.engine.setup import EngineInfo, LoadedModels, load_models
 from specserve.engine.spec_control import SpecControl
@@ -27,6 +28,8 @@ from specserve.engine.types import (CompletionOutput, FinishReason, GrowingView,
 from specserve.kernels.compile_watch import watch_compiles
 
 log = logging.getLogger("specserve.engine")
+
+Launched = Union[LaunchedDecode, LaunchedStep]
 
 
 @dataclass
@@ -55,10 +58,13 @@ class EngineCore:
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
         self.spec_control: Optional[SpecControl] = None   # built after the start-up traffic
+        self._schedule_ahead = False   # set below, after the start-up traffic (which steps alone)
+        self.num_queued_steps = 0      # steps queued on the device by the call before (tests, bench)
         self.decode_ahead: Optional[DecodeAhead] = None
         self._fresh_cache_and_scheduler()
         self._startup_traffic()
         ahead = config.async_scheduling and DecodeAhead.supported(self.runner)
+        self._schedule_ahead = ahead   # the same rule: tensor-parallel ranks take their steps as sent
         self.spec_control = _spec_control(config, info, self.runner, ahead)
         if ahead:
             self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len,
@@ -71,6 +77,7 @@ class EngineCore:
         self.kv = KVCacheManager(info.num_kv_blocks, info.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens,
                                                    info.max_model_len, info.num_speculative_tokens), self.kv)
+        self._queued = None   # a step queued by the last call (``_queue_next``), not read yet
 
     def _startup_traffic(self) -> None:
         """Synthetic requests first (CUDA): their compiles at start-up, not in the first real
@@ -174,6 +181,7 @@ class EngineCore:
         """Finish every request with an error (the step loop hit an exception)."""
         if self.decode_ahead is not None:
             self.decode_ahead.drop()
+        self._queued = None
         outs = []
         for parent in list(self._parents.values()):
             for child in parent.children:
@@ -190,41 +198,37 @@ class EngineCore:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
-        """Run one step and commit its tokens. With decode-ahead (engine/decode_ahead.py) the
-        step committed may be one queued by the previous call, and the next one is queued on the
-        device before this one's tokens are read."""
+        """Run one step and commit its tokens.
+
+        With async scheduling the step run may have been queued by the previous call: once a
+        step's tokens are committed (token lists, KV, finishes that need no text) the next step
+        is scheduled and queued on the device, and only then does the host detokenize and build
+        this step's outputs, while the GPU runs the next one (``_queue_next``). Decode-ahead
+        (engine/decode_ahead.py) goes further for plain steps: the next one is queued before this
+        one's tokens are read."""
         t0 = time.monotonic()
-        ahead = self.decode_ahead
-        queued = ahead.take() if ahead is not None else None
-        if queued is not None:
-            so, launched = queued
-        else:
-            so, launched = self.scheduler.schedule(), None
-            if self.spec_control is not None:
-                self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
-            if ahead is not None and ahead.can_launch(so):
-                launched = ahead.launch(so)
+        so, launched = self._take_queued() or self._schedule(t0, launch=False)
         stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
         stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
+        texts: list[tuple[IncrementalDetokenizer, list[int]]] = []   # detokenized after _queue_next
         if not so.is_empty:
-            for s in so.scheduled:
-                if s.request.times.first_scheduled is None:
-                    s.request.times.first_scheduled = t0
-            if launched is not None:
-                ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
-                out = launched.collect()
-            else:
-                out = self.runner.execute(so)
+            if isinstance(launched, LaunchedDecode):
+                self.decode_ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
+            out = launched.collect() if launched is not None else self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
             stats.host_wait_seconds = out.host_wait_seconds
             now = time.monotonic()
             self.scheduler.update_from_output(
-                so, out, stats, lambda req, res: self._append_tokens(req, res, stats, now))
+                so, out, stats, lambda req, res: self._append_tokens(req, res, stats, now, texts))
             if self.spec_control is not None:
                 self.spec_control.record(so.scheduled)
             for s in so.scheduled:
                 touched[s.request.parent_id] = self._parents[s.request.parent_id]
+        self._queue_next()
+        for detok, tokens in texts:
+            for tok in tokens:
+                detok.add(tok, check_stop=False)
         outputs = []
         for parent in touched.values():
             outputs.append(self._output(parent))
@@ -235,9 +239,80 @@ class EngineCore:
             self.spec_control.after_step(so.scheduled, stats)
         return outputs, stats
 
-    def _append_tokens(self, req: Request, res: RequestResult, stats: StepStats, now: float) -> None:
+    def _schedule(self, now: float, launch: bool) -> tuple[SchedulerOutput, Optional[Launched]]:
+        """The scheduler's next step, with each sampling request's k. Decode-ahead queues a step
+        it can continue on the device; otherwise ``launch`` queues it as far as it goes without
+        a host read (None: the caller executes it)."""
+        so = self.scheduler.schedule()
+        if self.spec_control is not None:
+            self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
+        for s in so.scheduled:
+            if s.request.times.first_scheduled is None:
+                s.request.times.first_scheduled = now
+        ahead = self.decode_ahead
+        if ahead is not None and ahead.can_launch(so):
+            return so, ahead.launch(so)
+        return so, self.runner.launch(so) if launch and not so.is_empty else None
+
+    def _take_queued(self) -> Optional[tuple[SchedulerOutput, Optional[Launched]]]:
+        """The step queued by the last call (decode-ahead's or ``_queue_next``'s), less the
+        requests finished (aborted) or preempted (tests do) since; None when there is none or
+        none of it is left. A request preempted keeps nothing of it and samples the same
+        positions again, with the same Philox keys, when it resumes."""
+        if self.decode_ahead is not None:
+            queued = self.decode_ahead.take()
+            if queued is not None:
+                return queued
+        queued, self._queued = self._queued, None
+        if queued is None:
+            return None
+        so, launched = queued
+        if so.is_empty:
+            return queued   # nothing fitted when it was scheduled: this step waits, as it would have
+        live = [s for s in so.scheduled if s.request.status == RequestStatus.RUNNING]
+        if len(live) < len(so.scheduled):
+            if not live:
+                return None   # dropped unread: its device work wrote only blocks freed after it
+            if isinstance(launched, LaunchedStep):   # no proposals for the gone from the host
+                launched.dropped = {s.request.request_id for s in so.scheduled} - {
+                    s.request.request_id for s in live}
+            so = SchedulerOutput(live)
+        return so, launched
+
+    def _queue_next(self) -> None:
+        """Schedule the next step and queue it on the device now, before this step's text and
+        outputs are built (async scheduling). Every finish that this step's text could cause is
+        already known: a request with stop strings was detokenized with its tokens
+        (``_append_tokens``), so nothing the host does before the next call changes who runs
+        next, except an abort, which ``_take_queued`` drops from the step."""
+        if not self._schedule_ahead:
+            return
+        ahead = self.decode_ahead
+        if ahead is not None and ahead.pending is not None:
+            so, launched = ahead.pending
+            if launched is not None:
+                return   # decode-ahead queued it on the device already
+            ahead.pending = None   # planned with drafts behind a plain step: it can start now
+            live = SchedulerOutput([s for s in so.scheduled if s.request.status == RequestStatus.RUNNING])
+            if not live.is_empty:
+                self._queued = (live, self.runner.launch(live))
+                self.num_queued_steps += 1
+            return
+        if self.scheduler.running or self.scheduler.waiting:
+            self._queued = self._schedule(time.monotonic(), launch=True)
+            self.num_queued_steps += self._queued[1] is not None
+
+    def _append_tokens(self, req: Request, res: RequestResult, stats: StepStats, now: float,
+                       texts: list[tuple[IncrementalDetokenizer, list[int]]]) -> None:
+        """Commit ``res.sampled`` to ``req`` up to a finish. A request without stop strings
+        cannot finish on its text, so its tokens are detokenized later, once the next step is
+        queued (appended to ``texts``)."""
         detok = self._detok[req.request_id]
         p = req.params
+        later: Optional[list[int]] = None
+        if not p.stop:
+            later = []
+            texts.append((detok, later))
         for i, tok in enumerate(res.sampled):
             req.token_ids.append(tok)
             stats.num_generation_tokens += 1
@@ -247,7 +322,10 @@ class EngineCore:
             stop_tok = (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids
             stop_str = None
             if not stop_tok or p.include_stop_str_in_output:  # a stop token's text is left out
-                stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
+                if later is not None:
+                    later.append(tok)
+                else:
+                    stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
             if req.times.first_token is None:
                 req.times.first_token = now
             req.times.last_token = now

@@ -10,42 +10,16 @@ is the overlap of engine/decode_ahead.py.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 
 from specserve.engine.batch import ModelRunnerOutput
+from specserve.engine.runner.host_read import HostRead
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.transfer import to_device
 from specserve.engine.runner.verifier import Verification
-
-
-class HostRead:
-    """An asynchronous device-to-host copy of a small tensor; ``rows()`` waits for it alone.
-
-    On CUDA the copy lands in pinned memory and an event marks its end; the stream may hold
-    later work (the next step) that ``rows()`` does not wait for. On CPU the tensor is already
-    on the host."""
-
-    def __init__(self, t: torch.Tensor):
-        self.event: Optional[torch.cuda.Event] = None
-        self.waited: Optional[float] = None   # seconds ``rows`` blocked (CUDA only)
-        if t.device.type == "cuda":
-            self.buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            self.buffer.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.buffer = t
-
-    def rows(self) -> list:
-        if self.event is not None:
-            t0 = time.perf_counter()
-            self.event.synchronize()
-            self.waited = time.perf_counter() - t0
-        return self.buffer.tolist()
 
 
 @dataclass
@@ -70,3 +44,23 @@ class LaunchedDecode:
         t0, t1 = self.marks
         return ModelRunnerOutput(results, self.clock.seconds(t0, t1), 0.0,
                                  host_wait_seconds=self.read.waited)
+
+
+@dataclass
+class LaunchedStep:
+    """Any scheduled step, started: what needs no host read is queued on the device (the target
+    forward, the sampler, a chained draft program); ``collect`` reads the tokens and does the
+    rest (``Speculator.launch``). EngineCore queues the next step this way before it turns the
+    current one's tokens into text and outputs."""
+
+    finish: Callable[[set], tuple[dict, Any, Any]]   # Speculator.launch's remainder
+    clock: PhaseClock
+    start: Any                                       # the clock's mark before the target forward
+    # requests no longer in the step (aborted or preempted after the launch): the host work
+    # left to do proposes nothing for them, since their blocks are gone
+    dropped: set = field(default_factory=set)
+
+    @torch.inference_mode()
+    def collect(self) -> ModelRunnerOutput:
+        results, t1, t2 = self.finish(self.dropped)
+        return ModelRunnerOutput(results, self.clock.seconds(self.start, t1), self.clock.seconds(t1, t2))

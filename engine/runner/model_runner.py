@@ -22,7 +22,8 @@ from specserve.engine.runner.cuda_graphs import GraphedForward, forward_graph_pl
 from specserve.engine.runner.draft_loop import DraftLoop, fit_vocab
 from specserve.engine.runner.drafter import Drafter
 from specserve.engine.runner.inputs import ForwardItem, build_inputs
-from specserve.engine.runner.launched import HostRead, LaunchedDecode
+from specserve.engine.runner.host_read import HostRead
+from specserve.engine.runner.launched import LaunchedDecode, LaunchedStep
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.ragged_graphs import RaggedGraphedForward
 from specserve.engine.runner.settings import SpecSettings
@@ -144,14 +145,19 @@ class ModelRunner:
             pool = g.pool
             self.ragged[name] = g
 
-    @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """The target forward over every scheduled token, then the speculator's sampling half."""
+        return self.launch(so).collect()
+
+    @torch.inference_mode()
+    def launch(self, so: SchedulerOutput) -> LaunchedStep:
+        """:meth:`execute` up to its first host read: the target forward and the sampler are
+        queued (and the draft program behind them when it can chain); ``collect`` reads the
+        tokens and finishes the step. Nothing may change the scheduled requests in between."""
         clock = PhaseClock(self.device)
         t0 = clock.mark()
         logits = self._forward("target", self._items(so.scheduled))
-        results, t1, t2 = self.speculator.step(so.scheduled, logits, clock)
-        return ModelRunnerOutput(results, clock.seconds(t0, t1), clock.seconds(t1, t2))
+        return LaunchedStep(self.speculator.launch(so.scheduled, logits, clock), clock, t0)
 
     @staticmethod
     def _items(scheduled: list[ScheduledRequest]) -> list[ForwardItem]:

@@ -9,12 +9,13 @@ together; otherwise the sampled tokens are read first and the drafts proposed af
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from specserve.engine.batch import RequestResult, ScheduledRequest
 from specserve.engine.runner.drafter import Drafter
+from specserve.engine.runner.host_read import HostRead
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.runner.verifier import Verification, start_verification
@@ -30,33 +31,56 @@ class Speculator:
              clock: PhaseClock) -> tuple[Results, Any, Any]:
         """Results of every scheduled request, with the clock marks where the draft's work
         started and ended (the same mark twice without a draft)."""
+        return self.launch(scheduled, logits, clock)(set())
+
+    def launch(self, scheduled: list[ScheduledRequest], logits: Optional[torch.Tensor],
+               clock: PhaseClock) -> Callable[[set], tuple[Results, Any, Any]]:
+        """Queue what can run before the host reads anything (the sampler and, chained behind
+        it, the draft program) and return the rest of :meth:`step`: called later with the ids
+        of requests no longer in the step (aborted or preempted meanwhile: nothing is proposed
+        for them), it reads the tokens and finishes the step. Until then the host is free for
+        other work (the previous step's text and outputs, engine/core.py) while the device runs
+        this step."""
         sampling = [s for s in scheduled if s.samples]
-        results: Results = {}
         drafter = self.drafter
-        if sampling:
-            v = start_verification(sampling, logits, self.settings.rejection_method,
-                                   self.settings.store_probs, self.device)
-            if drafter is not None and any(s.k_next for s in sampling) and drafter.can_chain(sampling):
-                return self._chained(scheduled, v, clock)
-            results = v.finish(v.out.tolist())   # the target's read; the drafts are read later
+        if not sampling:
+            return lambda dropped: self._propose(scheduled, {}, clock, dropped)
+        v = start_verification(sampling, logits, self.settings.rejection_method,
+                               self.settings.store_probs, self.device)
+        if drafter is not None and any(s.k_next for s in sampling) and drafter.can_chain(sampling):
+            return self._chained(scheduled, v, clock)
+        return lambda dropped: self._propose(scheduled, v.finish(v.out.tolist()), clock, dropped)
+
+    def _propose(self, scheduled: list[ScheduledRequest], results: Results, clock: PhaseClock,
+                 dropped: set) -> tuple[Results, Any, Any]:
+        """Drafts proposed after the sampled tokens were read (``results``), if any are due,
+        except for the requests in ``dropped``."""
         t1 = clock.mark()
+        if dropped:
+            scheduled = [s for s in scheduled if s.request.request_id not in dropped]
+        drafter = self.drafter
         if drafter is None or nothing_to_draft(scheduled):
             return results, t1, t1
         drafter.propose(scheduled, results)
         return results, t1, clock.mark()
 
     def _chained(self, scheduled: list[ScheduledRequest], v: Verification,
-                 clock: PhaseClock) -> tuple[Results, Any, Any]:
-        """The draft program starts behind the verification on the device; one host read."""
+                 clock: PhaseClock) -> Callable[[set], tuple[Results, Any, Any]]:
+        """The draft program starts behind the verification on the device; one host read, of
+        the sampled tokens and the drafts together, copied as soon as the program ends."""
         drafter = self.drafter
         t1 = clock.mark()
         results = drafter.chain(scheduled, v.out)
         t2 = clock.mark()
         width = v.out.shape[1]
-        rows = torch.cat([v.out, drafter.loop.tokens[:len(v.sampling)]], 1).tolist()  # the one read
-        results.update(v.finish([r[:width] for r in rows]))
-        drafter.finish_chained(v.sampling, results, [r[width:] for r in rows])
-        return results, t1, t2
+        read = HostRead(torch.cat([v.out, drafter.loop.tokens[:len(v.sampling)]], 1))
+
+        def finish(dropped: set) -> tuple[Results, Any, Any]:   # all device work is queued
+            rows = read.rows()   # the step's one read
+            results.update(v.finish([r[:width] for r in rows]))
+            drafter.finish_chained(v.sampling, results, [r[width:] for r in rows])
+            return results, t1, t2
+        return finish
 
 
 def nothing_to_draft(scheduled: list[ScheduledRequest]) -> bool:

@@ -166,7 +166,9 @@ def test_vllm_speculative_config_is_accepted(pair, make_llm):
 
 
 def test_a_missing_draft_probability_row_is_an_error(pair, make_llm):
-    llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=3)
+    # the rows are lost between two steps, so the second must not be queued before the first
+    # returns, as async scheduling does
+    llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=3, async_scheduling=False)
     core = llm.core
     core.add_request("x", [5, 6, 7, 8], SamplingParams(temperature=1.0, seed=1, max_tokens=30, ignore_eos=True))
     core.step()  # prefill + first drafts

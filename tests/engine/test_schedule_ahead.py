@@ -1,0 +1,125 @@
+"""Async scheduling's queued step (EngineCore._queue_next): once a step's tokens are committed
+the next step is scheduled and queued on the device, and only then is the step's text built.
+
+Each test compares the engine against the same engine with ``async_scheduling=False``, token
+for token and text for text, and checks that steps really were queued (``num_queued_steps``)
+so that a test cannot pass by the feature switching itself off. make_llm checks after each
+test that every KV block came back and no request is left.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from specserve.engine.runner.launched import LaunchedStep  # noqa: E402
+from specserve.engine.types import FinishReason, SamplingParams  # noqa: E402
+from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint  # noqa: E402
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A target and a noisy copy of it: drafts are accepted and rejected."""
+    root = tmp_path_factory.mktemp("schedule_ahead")
+    target = make_tiny_checkpoint(root / "target", "qwen3", seed=5, initializer_range=0.2)
+    return str(target), str(make_perturbed_copy(target, root / "draft", noise=0.02, seed=7))
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 300, (10 + i % 4,), generator=g).tolist() for i in range(n)]
+
+
+def _params() -> list[SamplingParams]:
+    """Greedy, seeded sampling, stop strings (which finish on text), stop tokens, n > 1,
+    logprobs and a penalty (the host's draft passes, after the read)."""
+    return [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=7, max_tokens=19, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=30, stop=["e", "a"]),
+        SamplingParams(temperature=1.0, seed=3, n=2, max_tokens=21, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=9, logprobs=2, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=11, max_tokens=40, stop_token_ids=[17, 33, 101]),
+        SamplingParams(temperature=0.8, seed=13, max_tokens=18, repetition_penalty=1.3, ignore_eos=True),
+    ]
+
+
+def _outcome(outs) -> list:
+    return [[(c.token_ids, c.finish_reason, c.text) for c in o.outputs] for o in outs]
+
+
+def _spec(make_llm, pair, **kw):
+    return make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K, **kw)
+
+
+def test_output_and_text_are_unchanged_and_steps_are_queued(pair, make_llm):
+    prompts, params = _prompts(7, seed=1), _params()
+    sync = _spec(make_llm, pair, async_scheduling=False)
+    reference = _outcome(sync.generate(prompts, params))
+    assert sync.core.num_queued_steps == 0
+    llm = _spec(make_llm, pair)
+    assert _outcome(llm.generate(prompts, params)) == reference
+    assert llm.core.num_queued_steps > 10
+    assert reference[2][0][1] == FinishReason.STOP, "the stop-string request must finish on its text"
+
+
+def test_the_next_step_is_on_the_device_when_step_returns(pair, make_llm):
+    """After every step the next one is queued, and the outputs returned carry the step's whole
+    text although it was detokenized after the queueing."""
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    core.add_request("a", _prompts(1, seed=2)[0], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                 ignore_eos=True))
+    texts, kinds = [], []
+    while core.has_unfinished():
+        outs, _ = core.step()
+        if core.has_unfinished():   # a speculative step, or near max_tokens a plain one (decode-ahead)
+            kinds.append(type(core._queued[1]))
+        texts += [o.outputs[0].text for o in outs]
+    assert kinds.count(LaunchedStep) >= 3 and None not in kinds
+    sync = _spec(make_llm, pair, async_scheduling=False)
+    [ref] = sync.generate([_prompts(1, seed=2)[0]], SamplingParams(temperature=0.0, max_tokens=12,
+                                                                   ignore_eos=True))
+    assert texts[-1] == ref.outputs[0].text and texts == sorted(texts, key=len)
+
+
+def test_aborts_and_preemptions_between_steps_change_no_other_output(pair, make_llm):
+    """A request aborted, or preempted (tests do; the scheduler never preempts a queued step),
+    after the step it is in was queued is dropped from it: the others' tokens are unchanged,
+    the preempted ones resume exactly (same Philox keys), and the host's draft passes (the
+    penalised request) propose nothing for a request whose blocks are gone."""
+    prompts, params = _prompts(7, seed=3), _params()
+    ids = [f"r{i}" for i in range(len(prompts))]
+    reference = dict(zip(ids, _outcome(_spec(make_llm, pair, async_scheduling=False).generate(prompts, params))))
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    for rid, p, sp in zip(ids, prompts, params):
+        core.add_request(rid, p, sp)
+    rng = random.Random(4)
+    done, aborted, preempted = {}, set(), 0
+    while core.has_unfinished():
+        outs, _ = core.step()
+        for o in outs:
+            if o.finished and o.request_id not in aborted:
+                done[o.request_id] = _outcome([o])[0]
+        queued = {s.request.request_id for s in core._queued[0].scheduled} if core._queued else set()
+        running = [r for r in core.scheduler.running if r.request_id in queued]
+        if running and rng.random() < 0.6:
+            victim = rng.choice(running)
+            core.scheduler._preempt(victim)
+            preempted += 1
+        if len(aborted) < 2 and len(queued) > 3 and rng.random() < 0.2:
+            rid = rng.choice(sorted(queued))
+            parent = rid.split("#")[0]
+            if parent not in aborted and parent != "r6":
+                core.abort([parent])
+                aborted.add(parent)
+    assert preempted > 5 and aborted and core.num_queued_steps > 10
+    for rid in ids:
+        if rid not in aborted:
+            assert done[rid] == reference[rid], rid
