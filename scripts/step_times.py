@@ -1,6 +1,7 @@
 """Decode step times on the device: the plain engine and fixed k = 2 and 4 with the truncated
-draft (the adaptive section's Qwen3-1.7B-like dummy pair), at a few batch sizes, greedy. One line
-per (batch, configuration): mean ms a step over the timed steps, the median step, tokens/s.
+draft (the adaptive section's Qwen3-1.7B-like dummy pair), at a few batch sizes, greedy or
+sampled (--temperature). One line per (batch, configuration): mean ms a step over the timed
+steps, the median step, tokens/s.
 
 Run it once per source tree in one device call to A/B a change (PYTHONPATH picks the tree):
 
@@ -25,12 +26,13 @@ def main() -> None:
     p.add_argument("--tag", default="run", help="label printed on every line (the tree's name)")
     p.add_argument("--batches", default="1,16,64", help="batch sizes (comma-separated)")
     p.add_argument("--steps", type=int, default=60, help="timed steps per configuration")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = p.parse_args()
     import specserve.engine.runner.draft_loop as source
     print(a.tag, "code from", source.__file__, flush=True)
     batches = tuple(int(b) for b in a.batches.split(","))
-    s = ad.AdaptiveSettings(batch_sizes=batches, temperatures=(0.0,), ks=tuple(range(1, 9)),
+    s = ad.AdaptiveSettings(batch_sizes=batches, temperatures=(a.temperature,), ks=tuple(range(1, 9)),
                             prompt_len=32, output_len=128, cell_tokens=128, mid_layers=4,
                             late_scale=0.05, ramp_requests=256, ramp_output_len=128, ramp_rate=2.0)
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
@@ -43,7 +45,8 @@ def main() -> None:
                 ctx.__enter__()
             ids = [f"{a.tag}{name}{b}-{i}" for i in range(b)]
             for rid, prompt in zip(ids, random_prompts(b, 32, core.info.vocab_size, 7)):
-                core.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+                core.add_request(rid, prompt, SamplingParams(temperature=a.temperature, max_tokens=400,
+                                                             ignore_eos=True))
             for _ in range(12):
                 core.step()
             ms, tokens = [], 0
@@ -56,7 +59,7 @@ def main() -> None:
                 tokens += st.num_generation_tokens
             dt = time.perf_counter() - t0
             ms.sort()
-            print(f"{a.tag} B={b:3d} {name:5s}: {dt / a.steps * 1e3:7.3f} ms/step mean, "
+            print(f"{a.tag} T={a.temperature:g} B={b:3d} {name:5s}: {dt / a.steps * 1e3:7.3f} ms/step mean, "
                   f"p50 {ms[len(ms) // 2]:7.3f}, {tokens / dt:9.1f} tok/s", flush=True)
             if ctx is not None:
                 ctx.__exit__(None, None, None)
