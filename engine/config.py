@@ -123,7 +123,8 @@ class EngineConfig:
     # captured per token bucket (engine/runner/ragged_graphs.py); 0 runs them eagerly
     ragged_graph_tokens: int = 1024
     # queue each plain decode step on the device before the previous one's tokens are read
-    # (engine/decode_ahead.py); exact, so on by default
+    # (engine/decode_ahead.py), and any other step once the previous one's tokens are committed,
+    # before their text and outputs (EngineCore._queue_next); exact, so on by default
     async_scheduling: bool = True
     # ranks the target is split over (one process each; rank 0 runs the engine and the draft)
     tensor_parallel_size: int = 1

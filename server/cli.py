@@ -135,9 +135,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "0 runs them eagerly (default %(default)s)")
     c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
-                   help="queue each plain decode step on the GPU before the previous step's tokens "
-                        "are read, so the host's work overlaps the GPU's (exact; plain decoding, "
-                        "and adaptive k while it holds every request at k = 0; default on)")
+                   help="overlap the host's work with the GPU's (exact; default on): a plain "
+                        "decode step (no speculation, or adaptive k holding every request at "
+                        "k = 0) is queued before the previous step's tokens are read; any other "
+                        "step is queued as soon as the previous one's tokens are committed, "
+                        "before their text and the outputs are built")
     c.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                    help="split the target over this many GPUs, one process each (NCCL; gloo on CPU); "
                         "the engine and the draft run on rank 0 (default %(default)s)")
