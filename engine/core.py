@@ -313,33 +313,36 @@ class EngineCore:
         if not p.stop:
             later = []
             texts.append((detok, later))
+        if req.times.first_token is None:
+            req.times.first_token = now
+        req.times.last_token = now
+        eos = () if p.ignore_eos else req.eos_token_ids
+        left = req.tokens_left(self.info.max_model_len)   # one less with each token appended
         for i, tok in enumerate(res.sampled):
             req.token_ids.append(tok)
+            left -= 1
             stats.num_generation_tokens += 1
             if res.logprobs is not None:
                 self._logprobs[req.request_id].append(res.logprobs[i])
-            n_out = req.num_output_tokens
-            stop_tok = (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids
+            stop_tok = tok in eos or tok in p.stop_token_ids
             stop_str = None
             if not stop_tok or p.include_stop_str_in_output:  # a stop token's text is left out
                 if later is not None:
                     later.append(tok)
                 else:
-                    stop_str = detok.add(tok, check_stop=n_out >= p.min_tokens)
-            if req.times.first_token is None:
-                req.times.first_token = now
-            req.times.last_token = now
-            if not p.ignore_eos and tok in req.eos_token_ids:
+                    stop_str = detok.add(tok, check_stop=req.num_output_tokens >= p.min_tokens)
+            if tok in eos:
                 self.scheduler.finish(req, FinishReason.STOP)
             elif tok in p.stop_token_ids:
                 self.scheduler.finish(req, FinishReason.STOP, tok)
             elif stop_str is not None:
                 self.scheduler.finish(req, FinishReason.STOP, stop_str)
-            elif req.tokens_left(self.info.max_model_len) <= 0:
+            elif left <= 0:
                 self.scheduler.finish(req, FinishReason.LENGTH)
-            if req.is_finished:
-                req.times.finished = now
-                return
+            else:
+                continue
+            req.times.finished = now
+            return
 
     # ---- outputs -----------------------------------------------------------------------
     def _output(self, parent: _Parent) -> RequestOutput:

@@ -231,8 +231,8 @@ class DraftLoop:
             return drafts, [None] * len(drafts)
         if 2 * sum(ks) < k_most * len(ks):   # mostly short rows: a batch copy would be mostly waste
             return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(ks)]
-        block = self.probs[:k_most, :len(ks)].clone()   # [k, rows, V]
-        return drafts, [block[:k, i] if k else None for i, k in enumerate(ks)]
+        rows = self.probs[:k_most, :len(ks)].clone().unbind(1)   # [k, V] views of one copy
+        return drafts, [q if k == k_most else (q[:k] if k else None) for q, k in zip(rows, ks)]
 
     def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],
               caps: list[int]) -> int:
