@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from specserve.engine.request import Request
+from specserve.engine.request import Request, RequestStatus
 from specserve.engine.types import Logprob
 
 
@@ -62,3 +62,10 @@ class ModelRunnerOutput:
     # a step read after the next one was queued (decode-ahead, CUDA): seconds the host blocked
     # waiting for its tokens; the rest of the step's wall time is host work the GPU did not wait for
     host_wait_seconds: Optional[float] = None
+
+
+def still_running(scheduled: list[ScheduledRequest]) -> list[ScheduledRequest]:
+    """The entries of a step queued earlier whose requests still run: one finished, aborted or
+    preempted since keeps nothing of the step (a preempted one samples those positions again,
+    with the same Philox keys, when it resumes)."""
+    return [s for s in scheduled if s.request.status == RequestStatus.RUNNING]

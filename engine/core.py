@@ -11,14 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from specserve.engine.batch import RequestResult, SchedulerOutput
+from specserve.engine.batch import RequestResult, SchedulerOutput, still_running
 from specserve.engine.config import EngineConfig
 from specserve.engine.decode_ahead import DecodeAhead
 from specserve.engine.detokenizer import IncrementalDetokenizer, TokenPieces
 from specserve.engine.errors import CapacityError
 from specserve.engine.kv_cache import KVCacheManager
+from specserve.engine.request import Request
 from specserve.engine.runner.launched import LaunchedDecode, LaunchedStep
-from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler, SchedulerLimits
 from specserve.engine.setup import EngineInfo, LoadedModels, load_models
 from specserve.engine.spec_control import SpecControl
@@ -59,7 +59,7 @@ class EngineCore:
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
         self.spec_control: Optional[SpecControl] = None   # built after the start-up traffic
         self._schedule_ahead = False   # set below, after the start-up traffic (which steps alone)
-        self.num_queued_steps = 0      # steps queued on the device by the call before (tests, bench)
+        self.num_queued_steps = 0      # steps queued on the device before their call, so far (tests)
         self.decode_ahead: Optional[DecodeAhead] = None
         self._fresh_cache_and_scheduler()
         self._startup_traffic()
@@ -78,6 +78,8 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens,
                                                    info.max_model_len, info.num_speculative_tokens), self.kv)
         self._queued = None   # a step queued by the last call (``_queue_next``), not read yet
+        self._launch_seconds = 0.0   # the host time its queueing took
+        self._launch_error: Optional[Exception] = None   # raised by the next call
 
     def _startup_traffic(self) -> None:
         """Synthetic requests first (CUDA): their compiles at start-up, not in the first real
@@ -174,14 +176,20 @@ class EngineCore:
                 self.scheduler.finish(child, FinishReason.ABORT)
             outs.append(self._output(parent))
             self._retire(parent)
+        if not self._parents:   # a step queued for them holds its tensors until dropped
+            self._drop_queued()
         self._draft_prob_bytes = self.draft_prob_bytes()
         return outs
 
-    def fail_all(self, message: str) -> list[RequestOutput]:
-        """Finish every request with an error (the step loop hit an exception)."""
+    def _drop_queued(self) -> None:
+        """Forget the step queued on the device, unread (its requests are gone or failed)."""
         if self.decode_ahead is not None:
             self.decode_ahead.drop()
         self._queued = None
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Finish every request with an error (the step loop hit an exception)."""
+        self._drop_queued()
         outs = []
         for parent in list(self._parents.values()):
             for child in parent.children:
@@ -207,7 +215,16 @@ class EngineCore:
         (engine/decode_ahead.py) goes further for plain steps: the next one is queued before this
         one's tokens are read."""
         t0 = time.monotonic()
-        so, launched = self._take_queued() or self._schedule(t0, launch=False)
+        if self._launch_error is not None:   # queueing this step failed in the call before
+            error, self._launch_error = self._launch_error, None
+            raise error
+        # the host time this step's launch took in the call before (``_queue_next``) is this
+        # step's, not that one's: the cost model learns each step's k from its own host work
+        launch_seconds, self._launch_seconds = self._launch_seconds, 0.0
+        queued = self._take_queued()
+        if queued is None:
+            launch_seconds = 0.0
+        so, launched = queued or self._schedule(t0, launch=False)
         stats = StepStats(num_preemptions=self.scheduler.pop_preemption_count())
         stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
@@ -225,7 +242,13 @@ class EngineCore:
                 self.spec_control.record(so.scheduled)
             for s in so.scheduled:
                 touched[s.request.parent_id] = self._parents[s.request.parent_id]
-        self._queue_next()
+        self._fill_state(stats, so.num_scheduled_tokens)   # as this step left it, before the next
+        t_queue = time.monotonic()
+        try:
+            self._queue_next()
+        except Exception as e:   # noqa: BLE001 (raised by the next call, once this step's outputs are out)
+            self._queued, self._launch_error = None, e
+        self._launch_seconds = time.monotonic() - t_queue
         for detok, tokens in texts:
             for tok in tokens:
                 detok.add(tok, check_stop=False)
@@ -234,7 +257,7 @@ class EngineCore:
             outputs.append(self._output(parent))
             if all(c.is_finished for c in parent.children):
                 self._retire(parent)
-        self._fill_stats(stats, so.num_scheduled_tokens, time.monotonic() - t0)
+        stats.step_seconds = time.monotonic() - t0 - self._launch_seconds + launch_seconds
         if self.spec_control is not None:
             self.spec_control.after_step(so.scheduled, stats)
         return outputs, stats
@@ -268,8 +291,8 @@ class EngineCore:
             return None
         so, launched = queued
         if so.is_empty:
-            return queued   # nothing fitted when it was scheduled: this step waits, as it would have
-        live = [s for s in so.scheduled if s.request.status == RequestStatus.RUNNING]
+            return None   # nothing fitted when it was scheduled: schedule again (requests may have come)
+        live = still_running(so.scheduled)
         if len(live) < len(so.scheduled):
             if not live:
                 return None   # dropped unread: its device work wrote only blocks freed after it
@@ -289,13 +312,9 @@ class EngineCore:
             return
         ahead = self.decode_ahead
         if ahead is not None and ahead.pending is not None:
-            so, launched = ahead.pending
-            if launched is not None:
-                return   # decode-ahead queued it on the device already
-            ahead.pending = None   # planned with drafts behind a plain step: it can start now
-            live = SchedulerOutput([s for s in so.scheduled if s.request.status == RequestStatus.RUNNING])
-            if not live.is_empty:
-                self._queued = (live, self.runner.launch(live))
+            planned = ahead.take_planned()   # None: queued on the device already
+            if planned is not None:   # planned with drafts behind a plain step: it starts now
+                self._queued = (planned, self.runner.launch(planned))
                 self.num_queued_steps += 1
             return
         if self.scheduler.running or self.scheduler.waiting:
@@ -368,14 +387,14 @@ class EngineCore:
             if self.spec_control is not None:
                 self.spec_control.forget(req.request_id)
 
-    def _fill_stats(self, stats: StepStats, num_scheduled: int, seconds: float) -> None:
+    def _fill_state(self, stats: StepStats, num_scheduled: int) -> None:
+        """The queue, KV and draft-probability gauges as the step left them."""
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.kv_cache_usage = self.kv.pool.usage
         stats.num_free_blocks = self.kv.pool.num_free
         stats.num_scheduled_tokens = num_scheduled
         stats.draft_prob_bytes = self._draft_prob_bytes = self.draft_prob_bytes()
-        stats.step_seconds = seconds
 
     def draft_prob_bytes(self) -> int:
         """Bytes of device memory the stored draft probabilities keep alive: each storage once

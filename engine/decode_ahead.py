@@ -19,8 +19,9 @@ The continuation is queued only when the scheduler would have scheduled exactly 
 
 * every request of N sampled one token and nothing was drafted: a plain engine, or one with a
   draft model whose adaptive k is at k = 0. Its plan for N + 1 (it reads no tokens) is made
-  before N is read; if it picks k > 0, N + 1 is not queued but run, as planned, once N is
-  read. Tensor parallelism reads tokens on the host, so it is excluded;
+  before N is read; if it picks k > 0, N + 1 is not queued then but as soon as N's tokens
+  are committed (``EngineCore._queue_next``), as planned. Tensor parallelism reads tokens on
+  the host, so it is excluded;
 * no request needs its full token history on the host for its logits (penalties, logit bias,
   min_tokens, a grammar) or asks for logprobs (read on the host when the step is collected);
 * no waiting request could be admitted (the queue is empty or the batch is full);
@@ -33,10 +34,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from specserve.engine.batch import SchedulerOutput, ScheduledRequest
+from specserve.engine.batch import SchedulerOutput, ScheduledRequest, still_running
 from specserve.engine.runner.logits import needs_processing
 from specserve.engine.runner.speculator import nothing_to_draft
-from specserve.engine.request import RequestStatus
 from specserve.engine.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DecodeAhead:
         if pending is None:
             return None
         so, launched = pending
-        live = [s for s in so.scheduled if s.request.status == RequestStatus.RUNNING]
+        live = still_running(so.scheduled)
         if not live:
             return None
         return SchedulerOutput(live), launched
@@ -91,7 +91,7 @@ class DecodeAhead:
     def launch_next(self, so: SchedulerOutput, launched: LaunchedDecode) -> None:
         """Plan ``launched``'s continuation, if the scheduler would have scheduled just that,
         and queue it on the device unless adaptive k chose to draft after it: then it waits,
-        planned, for the next ``EngineCore.step`` to run it once this step's tokens are read."""
+        planned, until this step's tokens are committed (``take_planned``)."""
         scheduled = self._continuation(so)
         if not scheduled:
             return
@@ -102,6 +102,17 @@ class DecodeAhead:
             return
         self.pending = (cont, self.runner.launch_decode(scheduled, after=launched))
         self.num_ahead_steps += 1
+
+    def take_planned(self) -> Optional[SchedulerOutput]:
+        """The continuation ``launch_next`` planned with drafts (not queued on the device), with
+        its requests still running, for the engine to queue now; None (and the pending step kept)
+        when the continuation is on the device already."""
+        if self.pending is None or self.pending[1] is not None:
+            return None
+        so, _ = self.pending
+        self.pending = None
+        live = still_running(so.scheduled)
+        return SchedulerOutput(live) if live else None
 
     def drop(self) -> None:
         self.pending = None

@@ -55,12 +55,16 @@ class LaunchedStep:
 
     finish: Callable[[set], tuple[dict, Any, Any]]   # Speculator.launch's remainder
     clock: PhaseClock
-    start: Any                                       # the clock's mark before the target forward
+    start: Any        # the clock's mark before the target forward
+    sampled: Any      # ... and after the sampler: the target's part, timed at launch
     # requests no longer in the step (aborted or preempted after the launch): the host work
     # left to do proposes nothing for them, since their blocks are gone
     dropped: set = field(default_factory=set)
 
     @torch.inference_mode()
     def collect(self) -> ModelRunnerOutput:
-        results, t1, t2 = self.finish(self.dropped)
-        return ModelRunnerOutput(results, self.clock.seconds(self.start, t1), self.clock.seconds(t1, t2))
+        """The step's results. ``host_wait_seconds`` stays None: the host work of a step read
+        before the next is queued is exposed, and the cost model learns it as such."""
+        results, d0, d1 = self.finish(self.dropped)
+        clock = self.clock
+        return ModelRunnerOutput(results, clock.seconds(self.start, self.sampled), clock.seconds(d0, d1))

@@ -157,7 +157,8 @@ class ModelRunner:
         clock = PhaseClock(self.device)
         t0 = clock.mark()
         logits = self._forward("target", self._items(so.scheduled))
-        return LaunchedStep(self.speculator.launch(so.scheduled, logits, clock), clock, t0)
+        finish, sampled = self.speculator.launch(so.scheduled, logits, clock)
+        return LaunchedStep(finish, clock, t0, sampled)
 
     @staticmethod
     def _items(scheduled: list[ScheduledRequest]) -> list[ForwardItem]:

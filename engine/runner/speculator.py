@@ -21,35 +21,34 @@ from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.runner.verifier import Verification, start_verification
 
 Results = dict[str, RequestResult]
+# the rest of a launched step: (ids dropped since) -> (results, draft start mark, draft end mark)
+Finish = Callable[[set], tuple[Results, Any, Any]]
 
 
 class Speculator:
     def __init__(self, settings: SpecSettings, drafter: Optional[Drafter], device: torch.device):
         self.settings, self.drafter, self.device = settings, drafter, device
 
-    def step(self, scheduled: list[ScheduledRequest], logits: Optional[torch.Tensor],
-             clock: PhaseClock) -> tuple[Results, Any, Any]:
-        """Results of every scheduled request, with the clock marks where the draft's work
-        started and ended (the same mark twice without a draft)."""
-        return self.launch(scheduled, logits, clock)(set())
-
     def launch(self, scheduled: list[ScheduledRequest], logits: Optional[torch.Tensor],
-               clock: PhaseClock) -> Callable[[set], tuple[Results, Any, Any]]:
-        """Queue what can run before the host reads anything (the sampler and, chained behind
-        it, the draft program) and return the rest of :meth:`step`: called later with the ids
-        of requests no longer in the step (aborted or preempted meanwhile: nothing is proposed
-        for them), it reads the tokens and finishes the step. Until then the host is free for
-        other work (the previous step's text and outputs, engine/core.py) while the device runs
-        this step."""
+               clock: PhaseClock) -> tuple[Finish, Any]:
+        """Queue what can run before the host reads anything: the sampler and, chained behind
+        it, the draft program. Returns the rest of the step and the clock's mark where the
+        target's part (forward and sampler) ends. The rest, called later with the ids of
+        requests no longer in the step (aborted or preempted meanwhile: the host proposes
+        nothing for them), reads the tokens and finishes the step: (results of every scheduled
+        request, the marks where the draft's work started and ended, one mark twice without a
+        draft). Until then the host is free for other work (the previous step's text and
+        outputs, engine/core.py) while the device runs this step."""
         sampling = [s for s in scheduled if s.samples]
         drafter = self.drafter
         if not sampling:
-            return lambda dropped: self._propose(scheduled, {}, clock, dropped)
+            return (lambda dropped: self._propose(scheduled, {}, clock, dropped)), clock.mark()
         v = start_verification(sampling, logits, self.settings.rejection_method,
                                self.settings.store_probs, self.device)
+        sampled = clock.mark()
         if drafter is not None and any(s.k_next for s in sampling) and drafter.can_chain(sampling):
-            return self._chained(scheduled, v, clock)
-        return lambda dropped: self._propose(scheduled, v.finish(v.out.tolist()), clock, dropped)
+            return self._chained(scheduled, v, clock, sampled), sampled
+        return (lambda dropped: self._propose(scheduled, v.finish(v.out.tolist()), clock, dropped)), sampled
 
     def _propose(self, scheduled: list[ScheduledRequest], results: Results, clock: PhaseClock,
                  dropped: set) -> tuple[Results, Any, Any]:
@@ -64,22 +63,23 @@ class Speculator:
         drafter.propose(scheduled, results)
         return results, t1, clock.mark()
 
-    def _chained(self, scheduled: list[ScheduledRequest], v: Verification,
-                 clock: PhaseClock) -> Callable[[set], tuple[Results, Any, Any]]:
-        """The draft program starts behind the verification on the device; one host read, of
-        the sampled tokens and the drafts together, copied as soon as the program ends."""
+    def _chained(self, scheduled: list[ScheduledRequest], v: Verification, clock: PhaseClock,
+                 sampled: Any) -> Finish:
+        """The draft program starts behind the verification on the device (from the mark
+        ``sampled``); one host read, of the sampled tokens and the drafts together, copied as
+        soon as the program ends. Everything is queued at launch, so ``dropped`` changes
+        nothing: their rows are read and left unused."""
         drafter = self.drafter
-        t1 = clock.mark()
         results = drafter.chain(scheduled, v.out)
         t2 = clock.mark()
         width = v.out.shape[1]
         read = HostRead(torch.cat([v.out, drafter.loop.tokens[:len(v.sampling)]], 1))
 
-        def finish(dropped: set) -> tuple[Results, Any, Any]:   # all device work is queued
+        def finish(dropped: set) -> tuple[Results, Any, Any]:
             rows = read.rows()   # the step's one read
             results.update(v.finish([r[:width] for r in rows]))
             drafter.finish_chained(v.sampling, results, [r[width:] for r in rows])
-            return results, t1, t2
+            return results, sampled, t2
         return finish
 
 

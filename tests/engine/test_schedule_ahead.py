@@ -10,6 +10,7 @@ test that every KV block came back and no request is left.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -123,3 +124,77 @@ def test_aborts_and_preemptions_between_steps_change_no_other_output(pair, make_
     for rid in ids:
         if rid not in aborted:
             assert done[rid] == reference[rid], rid
+
+
+def _one_request(core, rid: str = "a", **kw) -> None:
+    params = dict(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params.update(kw)
+    core.add_request(rid, _prompts(1, seed=5)[0], SamplingParams(**params))
+
+
+def test_a_steps_target_time_is_timed_at_launch_not_until_it_is_read(pair, make_llm):
+    """A step without the chained draft program (here: a penalty, so the host proposes) is read
+    in the call after its launch; its target time must not include what happened in between."""
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    _one_request(core, repetition_penalty=1.3)
+    core.step()
+    times = []
+    while core.has_unfinished():
+        time.sleep(0.25)   # the caller's own work between two calls
+        _, stats = core.step()
+        times.append(stats.target_seconds)
+    assert len(times) > 3 and max(times) < 0.2
+
+
+def test_the_host_time_of_queueing_a_step_is_that_steps_own(pair, make_llm):
+    """``_queue_next`` queues step N + 1 inside call N: its host time (a catch-up forward when
+    leaving k = 0) belongs to N + 1's step time, which the cost model learns per k, not N's."""
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    launch, calls, slow_during = core.runner.launch, [0], []
+
+    def slow_launch(so):
+        calls[0] += 1
+        if calls[0] == 4:
+            time.sleep(0.3)
+            slow_during.append(len(seconds))
+        return launch(so)
+    core.runner.launch = slow_launch
+    _one_request(core)
+    seconds = []
+    while core.has_unfinished():
+        seconds.append(core.step()[1].step_seconds)
+    [call] = slow_during
+    assert seconds[call + 1] >= 0.3 and seconds[call] < 0.25
+
+
+def test_a_failed_launch_is_raised_by_the_next_call_after_this_steps_outputs(pair, make_llm):
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    _one_request(core)
+    outs, _ = core.step()
+    ref = _spec(make_llm, pair, async_scheduling=False).core
+    _one_request(ref)
+    ref_outs, _ = ref.step()
+    ref_outs, _ = ref.step()
+
+    def broken(so):
+        raise RuntimeError("out of memory (simulated)")
+    core.runner.launch = broken
+    outs, _ = core.step()   # its tokens and text are out; queueing the next one failed
+    assert outs[0].outputs[0].text == ref_outs[0].outputs[0].text and outs[0].outputs[0].text
+    with pytest.raises(RuntimeError, match="simulated"):
+        core.step()
+    core.fail_all("launch failed")
+    ref.abort(["a"])
+
+
+def test_aborting_the_last_request_drops_the_queued_step(pair, make_llm):
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    _one_request(core)
+    core.step()
+    assert core._queued is not None
+    core.abort(["a"])
+    assert core._queued is None and not core.has_unfinished()
