@@ -243,6 +243,7 @@ class EngineCore:
             for s in so.scheduled:
                 touched[s.request.parent_id] = self._parents[s.request.parent_id]
         self._fill_state(stats, so.num_scheduled_tokens)   # as this step left it, before the next
+        decision = self.spec_control.controller.last if self.spec_control is not None else None
         t_queue = time.monotonic()
         try:
             self._queue_next()
@@ -259,7 +260,7 @@ class EngineCore:
                 self._retire(parent)
         stats.step_seconds = time.monotonic() - t0 - self._launch_seconds + launch_seconds
         if self.spec_control is not None:
-            self.spec_control.after_step(so.scheduled, stats)
+            self.spec_control.after_step(so.scheduled, stats, decision)
         return outputs, stats
 
     def _schedule(self, now: float, launch: bool) -> tuple[SchedulerOutput, Optional[Launched]]:

@@ -1041,9 +1041,12 @@ class SpecControl:
         self._fixed.pop(request_id, None)
         self._phases.pop(request_id, None)
 
-    def after_step(self, scheduled: list, stats) -> None:
-        """Fill the step's speculation stats; a decode-only step also refines the cost model."""
+    def after_step(self, scheduled: list, stats, decision: Optional[Decision] = None) -> None:
+        """Fill the step's speculation stats; a decode-only step also refines the cost model.
+        ``decision``: the step's own (the controller's last one may already be the next
+        step's, planned before this step's stats were complete)."""
         ctl = self.controller
+        decision = decision if decision is not None else ctl.last
         counts = [0] * (ctl.k_max + 1)   # one pass: this runs every step over every row
         k_verify = k_draft = sampling = 0
         for s in scheduled:
@@ -1062,8 +1065,8 @@ class SpecControl:
                 host = max(0.0, stats.step_seconds - stats.host_wait_seconds)
             ctl.observe_step(sampling, k_verify, k_draft, stats.num_generation_tokens,
                              stats.step_seconds, host, stats.target_seconds)
-        if ctl.last is not None:
-            stats.spec_predicted_speedup = ctl.last.predicted_speedup
+        if decision is not None:
+            stats.spec_predicted_speedup = decision.predicted_speedup
         stats.spec_measured_speedup = ctl.measured_speedup
         self._steps += 1
         if self._steps % self.SNAPSHOT_EVERY == 0:
