@@ -182,10 +182,11 @@ class EngineCore:
         return outs
 
     def _drop_queued(self) -> None:
-        """Forget the step queued on the device, unread (its requests are gone or failed)."""
+        """Forget the step queued on the device, unread, and a failure to queue it (its requests
+        are gone or failed)."""
         if self.decode_ahead is not None:
             self.decode_ahead.drop()
-        self._queued = None
+        self._queued = self._launch_error = None
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every request with an error (the step loop hit an exception)."""

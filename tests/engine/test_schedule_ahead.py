@@ -198,3 +198,21 @@ def test_aborting_the_last_request_drops_the_queued_step(pair, make_llm):
     assert core._queued is not None
     core.abort(["a"])
     assert core._queued is None and not core.has_unfinished()
+
+
+def test_a_failed_launch_whose_requests_are_all_aborted_fails_nothing_later(pair, make_llm):
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    _one_request(core)
+    core.step()
+    launch = core.runner.launch
+
+    def broken(so):
+        raise RuntimeError("out of memory (simulated)")
+    core.runner.launch = broken
+    core.step()
+    core.runner.launch = launch
+    core.abort(["a"])
+    _one_request(core, "b", max_tokens=4)
+    while core.has_unfinished():
+        core.step()   # the failure belonged to the aborted request's step
