@@ -1,4 +1,4 @@
-"""A plain sampling step queued on the device whose tokens the host has not read yet.
+"""Steps queued on the device whose tokens the host has not read yet.
 
 ``ModelRunner.launch_decode`` queues such a step and returns a ``LaunchedDecode``: the target
 forward and the sampler are on the stream, and the sampled tokens are being copied into pinned
@@ -6,6 +6,10 @@ host memory behind them. ``collect`` waits for that copy alone, so a step queued
 one (``ModelRunner.launch_decode(..., after=this)``, whose input tokens are this step's sampled
 tokens, read on the device) keeps the GPU busy while the host commits this step's tokens. That
 is the overlap of engine/decode_ahead.py.
+
+``ModelRunner.launch`` starts any other step the same way as far as it goes without a host read
+and returns a ``LaunchedStep``; EngineCore queues the next step so once the current one's tokens
+are committed, before their text and outputs are built (``EngineCore._queue_next``).
 """
 
 from __future__ import annotations
