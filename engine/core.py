@@ -58,13 +58,11 @@ class EngineCore:
         self._grammars = None   # structured.GrammarCompiler, built on the first constrained request
         self._draft_prob_bytes = 0  # as of the last step or abort (read by other threads)
         self.spec_control: Optional[SpecControl] = None   # built after the start-up traffic
-        self._schedule_ahead = False   # set below, after the start-up traffic (which steps alone)
         self.num_queued_steps = 0      # steps queued on the device before their call, so far (tests)
         self.decode_ahead: Optional[DecodeAhead] = None
         self._fresh_cache_and_scheduler()
         self._startup_traffic()
         ahead = config.async_scheduling and DecodeAhead.supported(self.runner)
-        self._schedule_ahead = ahead   # the same rule: tensor-parallel ranks take their steps as sent
         self.spec_control = _spec_control(config, info, self.runner, ahead)
         if ahead:
             self.decode_ahead = DecodeAhead(self.runner, self.scheduler, info.max_model_len,
@@ -310,10 +308,10 @@ class EngineCore:
         already known: a request with stop strings was detokenized with its tokens
         (``_append_tokens``), so nothing the host does before the next call changes who runs
         next, except an abort, which ``_take_queued`` drops from the step."""
-        if not self._schedule_ahead:
-            return
         ahead = self.decode_ahead
-        if ahead is not None and ahead.pending is not None:
+        if ahead is None:   # async scheduling off, tensor parallel, or the start-up traffic
+            return
+        if ahead.pending is not None:
             planned = ahead.take_planned()   # None: queued on the device already
             if planned is not None:   # planned with drafts behind a plain step: it starts now
                 self._queued = (planned, self.runner.launch(planned))

@@ -187,7 +187,7 @@ class _Rates:
                 plain.append(a)
                 out.append(self._optimistic(a, n) if frontier else a)
             elif as_read is not None:   # nothing seen here: the prior as it reads
-                plain.append(plain[-1] if from_before else prior)
+                plain.append(prior)
                 out.append(as_read)
             else:
                 plain.append(prior)
