@@ -28,6 +28,8 @@ Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   probabilistic: the one raced row per request read again (the rejected row or the bonus
   row; usually an L2 hit, counted anyway) ................ B V e
   and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
+  a rejection's recovery: the per-tile sums (2 per 1,024 entries, written and read) and one
+  1,024-entry tile of the rejected row's logits and draft probs read again (small)
   accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
   params: counted exactly below, they are small.
 ``first_read_bytes`` leaves out the re-read rows: the HBM traffic if they hit in L2.
@@ -153,6 +155,8 @@ def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
         small += b * cr * 2 * 4 + b * 4                      # race partials + accepted counts
+        tiles = -(-v // 1024)
+        small += n_rej * (2 * tiles * 4 * 2 + 1024 * (elt + 4))  # recovery: tile sums, one tile
     return first + again + small, first
 
 
@@ -252,6 +256,7 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
+    out += [(f"recover_unroll={u}", replace(d, recover_unroll=u), 1) for u in (1, 2, 8)]
     out += [("row_warps=8", replace(d, row_warps=8), 2), ("race_warps=8", replace(d, race_warps=8), 2),
             ("block=2048", replace(d, block=2048), 2), ("block=512", replace(d, block=512), 2),
             ("unsplit", replace(d, split=False), 2), ("serial_accept", replace(d, parallel_accept=False), 2),

@@ -17,10 +17,17 @@ Semantics (shared with :mod:`kernels.triton_sampling`):
 * Sampling is the exponential race in log space: ``argmax_i (log r_i - log E_i)``,
   ``E_i = -log U(seed, position, stream, i)`` (see :mod:`kernels.philox`). For a filtered
   softmax the log-weights are ``x_i`` on kept tokens (``-inf`` elsewhere), which races exactly
-  like ``probs`` itself but needs no normaliser. The recovery race after a rejection works on
-  the residual ``r = max(p - q, 0)`` in linear space instead, ``argmax_i r_i / E_i`` (the same
-  race, one log per entry instead of three), with the race over ``p`` for an all-zero residual
-  folded in as negative scores (see :func:`recover_scores`).
+  like ``probs`` itself but needs no normaliser. It serves plain sampling, the bonus token,
+  strict verification and drafts (stream SAMPLE or DRAFT).
+
+* The recovery after a rejection inverts the CDF of the residual instead (one random number,
+  ``u = U(seed, position, RECOVER, 0)``): with ``w = e * keep`` (so ``p = w / S``,
+  ``S = sum(w)``) the residual is ``r = max(w - S q, 0)`` (``S max(p - q, 0)``); the token is
+  the ``i`` with ``sum(r[:i]) <= u sum(r) < sum(r[:i + 1])``, found in two levels: sums of
+  :data:`RECOVER_TILE`-entry tiles pick the tile, a cumulative sum inside it the entry (see
+  :func:`inverse_cdf`). An all-zero residual (p == q to fp32) falls back to ``w``. Per
+  vocabulary entry that is an exp, a multiply-add and two sums: no random number, log or
+  division, so the GPU's recovery streams its row at memory speed.
 
 No function here synchronises with the device, except that the width of the output of
 :func:`rejection_sample` needs the largest per-request draft count: it is read from
@@ -45,6 +52,8 @@ from specserve.kernels.philox import (
 )
 
 _RACE_CHUNK_ELEMS = 1 << 20  # rows are raced in blocks of at most this many random numbers
+RECOVER_TILE = 1024  # the inverse-CDF search's first level (the Triton twin tiles by its BLOCK:
+                     # the tiling changes only the order of fp32 additions)
 
 
 class RowDist(NamedTuple):
@@ -52,7 +61,9 @@ class RowDist(NamedTuple):
 
     x: torch.Tensor       # [N, V] fp32, z / T
     keep: torch.Tensor    # [N, V] bool, survivors of top-k / top-p / min-p
-    probs: torch.Tensor   # [N, V] fp32, renormalised over keep
+    weights: torch.Tensor  # [N, V] fp32, exp(x - max x) on keep, 0 elsewhere
+    mass: torch.Tensor    # [N, 1] fp32, the sum of weights
+    probs: torch.Tensor   # [N, V] fp32, weights / mass
     greedy: torch.Tensor  # [N] bool, T == 0
 
 
@@ -93,8 +104,8 @@ def row_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
     thr = _thresholds(e, top_k.to(z.device), top_p.to(z.device), min_p.to(z.device), ~greedy)
     keep = e >= thr                                                        # [N, V]
     ek = torch.where(keep, e, 0.0)
-    probs = ek / ek.sum(dim=1, keepdim=True)
-    return RowDist(x, keep, probs, greedy)
+    mass = ek.sum(dim=1, keepdim=True)
+    return RowDist(x, keep, ek, mass, ek / mass, greedy)
 
 
 def probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -150,19 +161,41 @@ def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
                         positions, stream, log_weights.device)
 
 
-def recover_scores(p: torch.Tensor, res: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Race scores of the recovery race, in linear space (one log per entry): with
-    ``E = -log u``, ``res / E`` where the residual is positive and ``-(E / p)`` elsewhere
-    (``-inf`` where p == 0).
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the index ``i`` with ``sum(w[:i]) <= u sum(w) < sum(w[:i + 1])``; never an entry
+    of weight 0. weights: [N, V] fp32 >= 0, each row with a positive entry; u: [N] in (0, 1).
 
-    The argmax is the race over the residual when it has any positive entry (positive scores
-    beat the rest), else the race over p: the fallback for an all-zero residual folded into
-    the same race. One IEEE division per entry, as in the Triton twin.
+    Two levels, as the Triton twin does it: the tile sums' running total picks the first
+    :data:`RECOVER_TILE`-entry tile whose total passes ``u sum(w)``, a running total inside that
+    tile picks the entry. Where fp32 rounding leaves the target past a tile's (or the row's)
+    last positive entry, that entry is taken. Returns [N] int64.
     """
-    e = -torch.log(u)
-    pos = res > 0
-    ratio = torch.where(pos, res, e) / torch.where(pos, e, p)
-    return torch.where(pos, ratio, -ratio)
+    n, v = weights.shape
+    nt = -(-v // RECOVER_TILE)
+    tiles = torch.nn.functional.pad(weights, (0, nt * RECOVER_TILE - v)).view(n, nt, RECOVER_TILE)
+    sums = tiles.sum(dim=2)                                                  # [N, nt]
+    target = u * sums.sum(dim=1)                                             # [N]
+    cum = sums.cumsum(dim=1)
+    t = (cum <= target.unsqueeze(1)).sum(dim=1)                              # first cum > target
+    t = torch.minimum(t, _last_positive(sums))
+    before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+    tile = tiles[torch.arange(n, device=weights.device), t]                  # [N, TILE]
+    hit = (tile.cumsum(dim=1) > (target - before).unsqueeze(1)) & (tile > 0)
+    inner = torch.where(hit.any(dim=1), hit.to(torch.int8).argmax(dim=1), _last_positive(tile))
+    return t * RECOVER_TILE + inner
+
+
+def _last_positive(w: torch.Tensor) -> torch.Tensor:
+    """Index of each row's last positive entry ([N] int64; 0 for a row without one)."""
+    idx = torch.arange(w.shape[1], device=w.device)
+    return torch.where(w > 0, idx, 0).amax(dim=1)
+
+
+def recover(weights: torch.Tensor, residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The recovered token of each row: :func:`inverse_cdf` over the residual, or over the
+    target's weights where the residual is all zero. [N] int64."""
+    empty = (residual > 0).any(dim=1, keepdim=True).logical_not()
+    return inverse_cdf(torch.where(empty, weights, residual), u)
 
 
 def _masked_x(d: RowDist) -> torch.Tensor:
@@ -272,8 +305,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     * greedy request (T == 0): accept while x_j == argmax(p_j); emit the argmax of the first
       mismatching row (or of the bonus row).
     * ``probabilistic``: accept iff ``U(ACCEPT, 0) * q_j(x_j) < p_j(x_j)``; at the first rejection
-      race over ``max(p_j - q_j, 0)`` with stream RECOVER (over p_j if that is all zero; see
-      :func:`recover_scores`); if all are accepted race over the bonus row's p with stream
+      invert the CDF of ``max(p_j - q_j, 0)`` with ``U(RECOVER, 0)`` (of p_j if that is all
+      zero; see :func:`recover`); if all are accepted race over the bonus row's p with stream
       SAMPLE.
     * ``strict``: ``t_j`` = race over p_j with stream SAMPLE; accept iff ``t_j == x_j``, else emit
       ``t_j``; bonus as above. With k_b == 0 every method is plain sampling (stream SAMPLE).
@@ -324,9 +357,10 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     return out
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Unnormalised residual ``max(p - q, 0)`` ([B, V]); q one-hot at x_j removes x_j from p."""
-    return torch.clamp(p - q, min=0.0)
+def _residual(weights: torch.Tensor, mass: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The residual scaled by the mass, ``max(w - S q, 0) = S max(p - q, 0)`` ([B, V]); q one-hot
+    at x_j removes x_j from p."""
+    return torch.clamp(weights - mass * q, min=0.0)
 
 
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
@@ -339,19 +373,12 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
     if method == "strict":
         tok = sample_tok[sel]
     else:
-        p = d.probs[sel]                                                         # [B, V]
-        q_rows = _one_hot(x[sel], p.shape[1]) if q is None else q[lay.draft_idx[sel]]
-        res = _residual(p, q_rows)                                               # [B, V]
-        bonus = (n_acc == lay.k).unsqueeze(1)                                    # [B, 1]
-        bonus_x = _masked_x(d)[sel]                                              # [B, V]
-        # one race per request: the bonus row's p (SAMPLE) or the residual (RECOVER)
-        stream = torch.where(bonus.squeeze(1), SAMPLE, RECOVER)
-
-        def score(sl, u):
-            return torch.where(bonus[sl], bonus_x[sl] - neg_log_exponential(u),
-                               recover_scores(p[sl], res[sl], u))
-
-        tok = _race_scores(score, p.shape[0], p.shape[1], seeds, pos, stream, p.device)
+        w = d.weights[sel]                                                       # [B, V]
+        q_rows = _one_hot(x[sel], w.shape[1]) if q is None else q[lay.draft_idx[sel]]
+        u = uniform(seeds, pos, RECOVER, torch.zeros(1, dtype=torch.int64, device=w.device))
+        recovered = recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
+        bonus = race(_masked_x(d)[sel], seeds, pos, SAMPLE)
+        tok = torch.where(n_acc == lay.k, bonus, recovered)
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 

@@ -497,62 +497,76 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
 
 
 @triton.jit
-def _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos, stream, rejected,
-               HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
-    """Race scores of one tile of the final race (kernels.ref_sampling: the bonus row's x-space
-    race or recover_scores), -inf off the support; one log per entry when rejected, two else."""
-    x, e = _scaled(row_ptr, offs, msk, T, mx)
-    keep = e >= thr
-    E = -tl.log(_uniform_tile(seed, pos, stream, start, BLOCK))
-    if rejected:
-        p = tl.where(keep, tl.math.div_rn(e, S), 0.0)
-        if HAS_Q:
-            qv = tl.load(q_row + offs, mask=msk, other=0.0)
-        else:
-            qv = tl.where(offs == xj, 1.0, 0.0)
-        res = tl.maximum(p - qv, 0.0)
-        pos_res = res > 0.0
-        ratio = tl.math.div_rn(tl.where(pos_res, res, E), tl.where(pos_res, E, p))
-        sc = tl.where(pos_res, ratio, -ratio)
-    else:
-        sc = tl.where(keep, x - tl.log(E), NEG_INF)
-    return sc
-
-
-@triton.jit
-def _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos, stream, rejected,
-                HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
-    """The final race over [lo, hi): (best score, index)."""
+def _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos, BLOCK: tl.constexpr,
+                 TILES: tl.constexpr):
+    """The bonus row's race over [lo, hi) (stream SAMPLE, x-space, as the row pass races):
+    (best score, index); tiles of a filtered row without a kept entry draw no random numbers."""
     best = tl.full([BLOCK], NEG_INF, tl.float32)
     idx = lo + tl.arange(0, BLOCK)
     for t in range(0, TILES):
         start = lo + t * BLOCK
-        offs = start + tl.arange(0, BLOCK)
-        msk = offs < hi
-        run = (thr <= 0.0) & (start < hi)     # an unfiltered row races every tile
-        if (thr > 0.0) & (start < hi):        # no random numbers for filtered tiles
-            _x, e = _scaled(row_ptr, offs, msk, T, mx)
-            run = tl.max(((e >= thr) & msk).to(tl.int32), 0) > 0
-        if run:
-            sc = _race_tile(row_ptr, q_row, offs, msk, start, xj, T, mx, S, thr, seed, pos,
-                            stream, rejected, HAS_Q, BLOCK)
-            best, idx = _lane_best(sc, offs, best, idx)
+        if start < hi:
+            offs = start + tl.arange(0, BLOCK)
+            x, e = _scaled(row_ptr, offs, offs < hi, T, mx)
+            keep = e >= thr
+            run = thr <= 0.0                  # an unfiltered row races every tile
+            if thr > 0.0:
+                run = tl.max(keep.to(tl.int32), 0) > 0
+            if run:
+                sc = tl.where(keep, x - _log_e(seed, pos, 0, start, BLOCK), NEG_INF)
+                best, idx = _lane_best(sc, offs, best, idx)
     return _reduce_best(best, idx)
+
+
+@triton.jit
+def _residual_tile(row_ptr, q_row, offs, msk, xj, T, mx, S, thr, HAS_Q: tl.constexpr):
+    """(w, r) over one tile of the rejected row: the kept softmax weights ``w = exp(x - mx)``
+    (p = w / S) and the residual ``r = max(w - S q, 0)`` (S max(p - q, 0); kernels.ref_sampling
+    ``_residual``). The search in finalize_kernel recomputes one tile with these same ops."""
+    _x, e = _scaled(row_ptr, offs, msk, T, mx)
+    w = tl.where(e >= thr, e, 0.0)
+    if HAS_Q:
+        qv = tl.load(q_row + offs, mask=msk, other=0.0)
+    else:
+        qv = tl.where(offs == xj, 1.0, 0.0)
+    return w, tl.maximum(w - S * qv, 0.0)
+
+
+@triton.jit
+def _residual_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, sums_r, sums_w,
+                    HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr,
+                    UNROLL: tl.constexpr):
+    """Per-tile sums of the residual and of the weights over [lo, hi) (lo a multiple of BLOCK),
+    stored at tile index start // BLOCK: the first level of the inverse-CDF search. UNROLL
+    tiles are loaded per step ([UNROLL, BLOCK], summed along the tile), so a program keeps
+    several loads in flight: the pass has too little arithmetic to hide one tile's latency."""
+    tiles = tl.arange(0, UNROLL)
+    for t in range(0, TILES, UNROLL):
+        start = lo + t * BLOCK
+        if start < hi:
+            offs = start + tiles[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+            w, r = _residual_tile(row_ptr, q_row, offs, offs < hi, xj, T, mx, S, thr, HAS_Q)
+            live = start + tiles * BLOCK < hi
+            tl.store(sums_r + start // BLOCK + tiles, tl.sum(r, 1), mask=live)
+            tl.store(sums_w + start // BLOCK + tiles, tl.sum(w, 1), mask=live)
 
 
 @triton.jit(do_not_specialize=["C", "CR"])
 def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
-                      rec_v, rec_i, n_acc_ptr,
-                      HAS_Q: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                      TILES: tl.constexpr, KP: tl.constexpr, PARALLEL: tl.constexpr):
+                      rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
+                      HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
+                      BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
+                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
-    tests at once with PARALLEL, else one draft after another), then race once over this
-    chunk: the rejected row's residual max(p - q, 0) (stream RECOVER; the race over p for an
-    all-zero residual is folded into the same scores) or, if all were accepted, the bonus
-    row's p (SAMPLE)."""
+    tests at once with PARALLEL, else one draft after another), then, over this chunk, either
+    the first level of the recovery's inverse-CDF search (a rejection: per-tile sums of the
+    residual and of the weights into ``tile_sums`` [2, requests, TP]) or the bonus row's race
+    (all accepted: into ``rec_v`` / ``rec_i``). Chunk 0 stores the accepted count and the raced
+    row's max, sum and threshold (``row_stat`` [3, requests]) for finalize_kernel."""
     b = tl.program_id(0)
     c = tl.program_id(1)
+    nb = tl.num_programs(0)
     T = tl.load(temp_ptr + b)
     if T != 0.0:
         c0 = tl.load(cu_ptr + b)
@@ -571,29 +585,72 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
             thr = tl.load(row_thr + row0 + n)
         if c == 0:
             tl.store(n_acc_ptr + b, n)
-        rejected = n < k_b
-        stream = tl.where(rejected, 3, 0)
-        row = row0 + n
-        xj = tl.load(drafts_ptr + c0 + n, mask=rejected, other=-1).to(tl.int32)
-        q_row = q_ptr + (c0 + n).to(tl.int64) * V
-        row_ptr = logits_ptr + row.to(tl.int64) * stride
+            tl.store(row_stat + b, mx)
+            tl.store(row_stat + nb + b, S)
+            tl.store(row_stat + 2 * nb + b, thr)
+        row_ptr = logits_ptr + (row0 + n).to(tl.int64) * stride
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        if T != 1.0:
-            v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, seed, pos0 + n,
-                               stream, rejected, HAS_Q, BLOCK, TILES)
+        if n < k_b:
+            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
+            q_row = q_ptr + (c0 + n).to(tl.int64) * V
+            sums_r = tile_sums + b * TP
+            sums_w = tile_sums + (nb + b) * TP
+            if T != 1.0:
+                _residual_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, sums_r, sums_w,
+                                HAS_Q, BLOCK, TILES, UNROLL)
+            else:
+                _residual_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, sums_r, sums_w,
+                                HAS_Q, BLOCK, TILES, UNROLL)
         else:
-            v, j = _race_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, seed, pos0 + n,
-                               stream, rejected, HAS_Q, BLOCK, TILES)
-        tl.store(rec_v + b * CR + c, v)
-        tl.store(rec_i + b * CR + c, j)
+            if T != 1.0:
+                v, j = _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos0 + n, BLOCK, TILES)
+            else:
+                v, j = _bonus_chunk(row_ptr, lo, hi, None, mx, thr, seed, pos0 + n, BLOCK, TILES)
+            tl.store(rec_v + b * CR + c, v)
+            tl.store(rec_i + b * CR + c, j)
 
 
-@triton.jit(do_not_specialize=["W", "C", "CR"])
-def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, part_gi,
-                    rec_v, rec_i, n_acc_ptr, out_ptr, W, C, CR,
-                    STRICT: tl.constexpr, CP: tl.constexpr, CRP: tl.constexpr,
-                    WP: tl.constexpr):
+@triton.jit
+def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, row, n, T,
+             seed, pos, row_stat, tile_sums, NTILES, HAS_Q: tl.constexpr, TP: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """The recovered token of request b (kernels.ref_sampling ``inverse_cdf`` / ``recover``):
+    the tile sums' running total picks the tile that ``u`` times the total falls in, a running
+    total over that one tile (recomputed with the race kernel's ops) picks the entry."""
+    mx = tl.load(row_stat + b)
+    S = tl.load(row_stat + nb + b)
+    thr = tl.load(row_stat + 2 * nb + b)
+    i = tl.arange(0, TP)
+    live = i < NTILES
+    sr = tl.load(tile_sums + b * TP + i, mask=live, other=0.0)
+    sw = tl.load(tile_sums + (nb + b) * TP + i, mask=live, other=0.0)
+    empty = tl.max(sr, 0) <= 0.0                     # p == q: fall back to p
+    sums = tl.where(empty, sw, sr)
+    target = _uniform(seed, pos, 3, tl.full([], 0, tl.int32)) * tl.sum(sums, 0)
+    cum = tl.cumsum(sums, 0)
+    t = tl.sum(((cum <= target) & live).to(tl.int32), 0)     # the first tile past the target
+    t = tl.minimum(t, tl.max(tl.where(sums > 0.0, i, 0), 0))
+    rem = target - tl.sum(tl.where(i == t - 1, cum, 0.0), 0)
+    offs = t * BLOCK + tl.arange(0, BLOCK)
+    xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
+    w, r = _residual_tile(logits_ptr + row.to(tl.int64) * stride,
+                          q_ptr + (c0 + n).to(tl.int64) * V, offs, offs < V, xj, T, mx, S, thr,
+                          HAS_Q)
+    x = tl.where(empty, w, r)
+    hit = (tl.cumsum(x, 0) > rem) & (x > 0.0)
+    first = tl.min(tl.where(hit, offs, BIG_IDX), 0)
+    return tl.where(first == BIG_IDX, tl.max(tl.where(x > 0.0, offs, 0), 0), first)
+
+
+@triton.jit(do_not_specialize=["W", "C", "CR", "NTILES"])
+def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_ptr, temp_ptr,
+                    seed_ptr, pos_ptr, part_rv, part_ri, part_gv, part_gi, rec_v, rec_i,
+                    n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR, NTILES,
+                    STRICT: tl.constexpr, HAS_Q: tl.constexpr, CP: tl.constexpr,
+                    CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr, WP: tl.constexpr):
+    """Grid [requests]: greedy / strict acceptance, or (probabilistic) the recovered token of
+    a rejection or the bonus race's winner; writes the padded output row."""
     b = tl.program_id(0)
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
@@ -616,7 +673,12 @@ def finalize_kernel(cu_ptr, drafts_ptr, temp_ptr, part_rv, part_ri, part_gv, par
         tok = tl.where(greedy, tg, tr)
     else:
         n = tl.load(n_acc_ptr + b)
-        tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)      # residual or bonus race
+        if n < k_b:
+            tok = _recover(logits_ptr, stride, V, q_ptr, drafts_ptr, b, tl.num_programs(0), c0,
+                           row0 + n, n, T, tl.load(seed_ptr + b), tl.load(pos_ptr + b) + n,
+                           row_stat, tile_sums, NTILES, HAS_Q, TP, BLOCK)
+        else:
+            tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)     # the bonus race
     cols = tl.arange(0, WP)
     dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
     val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))

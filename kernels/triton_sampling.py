@@ -53,7 +53,8 @@ class Tuning:
     * ``split``: greedy rows compute only their argmax and sampled rows only their softmax
       (without it every row computes both);
     * ``parallel_accept``: the final race's programs run a request's k accept tests at once
-      (without it, one after another: a chain of dependent loads per draft, in every program).
+      (without it, one after another: a chain of dependent loads per draft, in every program);
+    * ``recover_unroll``: tiles a rejection's residual pass loads per loop step.
     """
 
     block: int = 1024
@@ -64,9 +65,10 @@ class Tuning:
     race_warps: int = 4
     split: bool = True
     parallel_accept: bool = True
+    recover_unroll: int = 4
 
     def __post_init__(self):
-        for name in ("block", "unroll"):
+        for name in ("block", "unroll", "recover_unroll"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, got {v}")
@@ -85,6 +87,7 @@ LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accep
 # sampling with DEFAULT is no faster (1.17x at B = 64, 0.98x at B = 256), so it keeps LEGACY.
 WIDE_ROWS = 128
 DRAFT_TUNING = LEGACY
+FINALIZE_WARPS = 4  # finalize_kernel: a recovery scans one BLOCK-entry tile of the rejected row
 
 
 def verification_tuning(rows: int) -> Tuning:
@@ -166,6 +169,24 @@ class _Partials:
         f32 = torch.empty(4 * n + max(rows, 1), device=device, dtype=torch.float32)
         self.m, self.s, self.rv, self.gv, self.thr = f32.split([n, n, n, n, max(rows, 1)])
         self.ri, self.gi = torch.empty(2 * n, device=device, dtype=torch.int32).split([n, n])
+
+
+class _RaceOutputs:
+    """What final_race_kernel leaves for finalize_kernel, per request: the bonus race's best
+    (score, index) per chunk, the accepted count, the raced row's (max, sum, threshold) and the
+    recovery's tile sums [2, requests, TP] (residual, weights). One float and one int
+    allocation, split into views that each start 16-byte aligned (see _Partials)."""
+
+    def __init__(self, reqs: int, race_chunks: int, tiles_pad: int, device: torch.device):
+        nc, ns = _pad4(reqs * race_chunks), _pad4(3 * reqs)
+        f32 = torch.empty(nc + ns + 2 * reqs * tiles_pad, device=device, dtype=torch.float32)
+        self.rec_v, self.row_stat, self.tile_sums = f32.split([nc, ns, 2 * reqs * tiles_pad])
+        self.rec_i, self.n_acc = torch.empty(nc + reqs, device=device,
+                                             dtype=torch.int32).split([nc, reqs])
+
+
+def _pad4(n: int) -> int:
+    return triton.cdiv(n, 4) * 4
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -271,23 +292,24 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
                      split=tuning.split)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
-    n_acc = torch.empty(num_reqs, dtype=torch.int32, device=dev)
-    rec = (torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.float32),
-           torch.empty(num_reqs * pr.num_chunks, device=dev, dtype=torch.int32))
-    cp, crp = _chunks_pad(vocab, pl.block), _chunks_pad(vocab, pr.block)
+    cp, tp = _chunks_pad(vocab, pl.block), _chunks_pad(vocab, pr.block)
+    race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
+    has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
+    q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
     if not strict:
-        has_q = draft_probs is not None and draft_probs.numel() > 0
-        q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
-            q, params[0], params[4], params[5], part.m, part.s, part.thr, *rec, n_acc,
-            HAS_Q=has_q, CP=cp, BLOCK=pr.block, TILES=pr.tiles,
+            q, params[0], params[4], params[5], part.m, part.s, part.thr, race.rec_v,
+            race.rec_i, race.n_acc, race.row_stat, race.tile_sums,
+            HAS_Q=has_q, CP=cp, TP=tp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
-            num_warps=pr.num_warps)
+            UNROLL=min(tuning.recover_unroll, pr.tiles), num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
-        cu, drafts, params[0], part.rv, part.ri, part.gv, part.gi, *rec, n_acc, out, width,
-        pl.num_chunks, pr.num_chunks, STRICT=strict, CP=cp, CRP=crp,
-        WP=triton.next_power_of_2(width), num_warps=1)
+        logits, logits.stride(0), vocab, cu, drafts, q, params[0], params[4], params[5],
+        part.rv, part.ri, part.gv, part.gi, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
+        race.tile_sums, out, width, pl.num_chunks, pr.num_chunks, triton.cdiv(vocab, pr.block),
+        STRICT=strict, HAS_Q=has_q, CP=cp, CRP=tp, TP=tp, BLOCK=pr.block,
+        WP=triton.next_power_of_2(width), num_warps=FINALIZE_WARPS)
     return out
 
 

@@ -44,13 +44,13 @@ BREAKAGES = {b.name: b for b in [
                          "qx = tl.load(q_ptr + (c0 + (j + 1) % tl.maximum(k_b, 1)).to(tl.int64)"
                          " * V + xj, mask=live"))),
     Breakage(
-        "skipped_chunk", "the residual race skips one chunk of the vocabulary",
-        ref=(("    return torch.clamp(p - q, min=0.0)\n",
-              "    r = torch.clamp(p - q, min=0.0)\n    r[:, r.shape[1] // 3: 2 * r.shape[1] // 3] = 0.0\n"
-              "    return r\n"),),
-        triton_kernels=(("        tl.store(rec_v + b * CR + c, v)\n",
-                         "        v = tl.where(rejected & (c == 1), NEG_INF, v)\n"
-                         "        tl.store(rec_v + b * CR + c, v)\n"),)),
+        "skipped_chunk", "the recovery leaves part of the vocabulary out of the residual",
+        ref=(("    return torch.clamp(weights - mass * q, min=0.0)\n",
+              "    r = torch.clamp(weights - mass * q, min=0.0)\n"
+              "    r[:, r.shape[1] // 3: 2 * r.shape[1] // 3] = 0.0\n    return r\n"),),
+        triton_kernels=(("tl.store(sums_r + start // BLOCK + tiles, tl.sum(r, 1), mask=live)",
+                         "tl.store(sums_r + start // BLOCK + tiles, tl.where((start // BLOCK + tiles)"
+                         " % 3 == 1, 0.0, tl.sum(r, 1)), mask=live)"),)),
     Breakage(
         "bf16_q", "the draft probabilities are read in bf16",
         ref=(("torch.cat([draft_probs.to(torch.float32),",
@@ -61,12 +61,15 @@ BREAKAGES = {b.name: b for b in [
     Breakage(
         "bonus_from_residual", "after k acceptances the bonus is drawn from max(p - q_k, 0), not p",
         ref=(("else q[lay.draft_idx[sel]]", "else q[lay.draft_idx[sel] - (n_acc == lay.k).to(torch.int64)]"),
-             ("bonus = (n_acc == lay.k).unsqueeze(1)", "bonus = torch.zeros_like((n_acc == lay.k).unsqueeze(1))")),
-        triton_kernels=(("rejected = n < k_b\n", "rejected = k_b > 0\n"),
-                        ("xj = tl.load(drafts_ptr + c0 + n, mask=rejected",
-                         "xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1), mask=rejected"),
-                        ("q_row = q_ptr + (c0 + n).to(tl.int64) * V",
-                         "q_row = q_ptr + (c0 + tl.minimum(n, k_b - 1)).to(tl.int64) * V"))),
+             ("tok = torch.where(n_acc == lay.k, bonus, recovered)",
+              "tok = torch.where(lay.k == 0, bonus, recovered)")),
+        triton_kernels=(("        if n < k_b:\n            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)\n"
+                         "            q_row = q_ptr + (c0 + n).to(tl.int64) * V\n",
+                         "        if k_b > 0:\n            xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1)).to(tl.int32)\n"
+                         "            q_row = q_ptr + (c0 + tl.minimum(n, k_b - 1)).to(tl.int64) * V\n"),
+                        ("        if n < k_b:\n            tok = _recover(",
+                         "        if k_b > 0:\n            tok = _recover("),
+                        ("row0 + n, n, T,", "row0 + n, tl.minimum(n, k_b - 1), T,"))),
 ]}
 
 

@@ -16,9 +16,10 @@ from specserve.kernels import philox as P
 from specserve.kernels import ref_sampling as R
 
 try:
-    from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+    from tests.kernels.sampling_cases import (GREEDY, PARAM_SETS, chi2_pvalue, make_verify_case,
+                                              param_tensors)
 except ImportError:  # rootdir-less runs of this directory
-    from sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
+    from sampling_cases import GREEDY, PARAM_SETS, chi2_pvalue, make_verify_case, param_tensors
 
 METHODS = ["probabilistic", "strict"]
 
@@ -258,3 +259,34 @@ def test_output_width_override_and_bad_method() -> None:
     assert out.shape == (2, 6) and bool((out[:, 3:] == -1).all())
     with pytest.raises(ValueError):
         _out(case, "typical")
+
+
+# ---------------------------------------------------------------- recovery: inverse CDF
+
+def test_inverse_cdf_over_several_tiles_follows_the_weights() -> None:
+    """Rows wider than a tile, with whole tiles and runs of zero weight: the two-level search
+    picks each entry with probability w / sum(w) (chi-square over 30,000 draws, p > 1e-3) and
+    never an entry of weight 0, whatever u is."""
+    v = 3 * R.RECOVER_TILE + 100
+    gen = torch.Generator().manual_seed(5)
+    w = torch.rand(v, generator=gen) ** 3
+    w[R.RECOVER_TILE: 2 * R.RECOVER_TILE + 37] = 0.0          # a whole tile and a bit more
+    w[::7] = 0.0
+    n = 30_000
+    u = P.bits_to_uniform(torch.randint(0, 2**32, (n,), generator=gen))
+    idx = R.inverse_cdf(w.expand(n, v), u)
+    counts = torch.bincount(idx, minlength=v)
+    assert counts[w == 0].sum() == 0
+    assert chi2_pvalue(counts, w) > 1e-3
+    edges = torch.tensor([2.0 ** -24, 0.5, 1 - 2.0 ** -24])
+    got = R.inverse_cdf(w.expand(3, v), edges)
+    last = int(torch.nonzero(w).max())
+    assert bool((w[got] > 0).all()) and int(got[2]) == last and int(got[0]) == int(torch.nonzero(w).min())
+
+
+def test_recovery_of_an_all_zero_residual_falls_back_to_p() -> None:
+    w = torch.tensor([[0.0, 2.0, 0.0, 1.0]])
+    for u, want in ((0.1, 1), (0.9, 3)):
+        got = R.recover(w, torch.zeros_like(w), torch.tensor([u]))
+        assert int(got) == want
+    assert int(R.recover(w, torch.tensor([[0.0, 0.0, 5.0, 0.0]]), torch.tensor([0.9]))) == 2

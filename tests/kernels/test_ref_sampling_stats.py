@@ -83,11 +83,11 @@ def test_verification_is_exact(variant: str, name: str) -> None:
     check_verification(variant, PARAM_SETS[name], seed=100 + len(name))
 
 
-BROKEN = {
+BROKEN = {  # _residual(w, S, q) scaled by the mass: S max(p - q, 0) with p = w / S
     # the replacement drawn from p itself: over-weights the tokens q already proposed
-    "residual_is_p": lambda p, q: p,
+    "residual_is_p": lambda w, mass, q: w,
     # the residual with the sign flipped
-    "residual_q_minus_p": lambda p, q: torch.clamp(q - p, min=0.0),
+    "residual_q_minus_p": lambda w, mass, q: torch.clamp(mass * q - w, min=0.0),
 }
 
 
@@ -105,7 +105,7 @@ def test_statistical_check_catches_a_broken_sampler(monkeypatch: pytest.MonkeyPa
 def test_the_broken_residual_is_really_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guard for the test above: the patch point is the one rejection_sample calls."""
     calls = []
-    monkeypatch.setattr(R, "_residual", lambda p, q: calls.append(1) or torch.clamp(p - q, min=0))
+    monkeypatch.setattr(R, "_residual", lambda w, mass, q: calls.append(1) or torch.clamp(w - mass * q, min=0))
     check_verification("probabilistic", PARAM_SETS["t1"], seed=101)
     assert calls
 
