@@ -217,8 +217,11 @@ class EngineCore:
         if self._launch_error is not None:   # queueing this step failed in the call before
             error, self._launch_error = self._launch_error, None
             raise error
-        # the host time this step's launch took in the call before (``_queue_next``) is this
-        # step's, not that one's: the cost model learns each step's k from its own host work
+        # the host time this step's launch took in the call before (``_queue_next``, and
+        # decode-ahead's ``launch_next``) is this step's, not that one's: the cost model learns
+        # each step's k from its own work. On the CPU the launch runs the forward itself; charged
+        # to the launching call, the last plain step before leaving k = 0 read ~0 and the first
+        # after returning two forwards (scripts/plain_step_attribution.py)
         launch_seconds, self._launch_seconds = self._launch_seconds, 0.0
         queued = self._take_queued()
         if queued is None:
@@ -228,9 +231,12 @@ class EngineCore:
         stats.num_prefix_cache_queries, stats.num_prefix_cache_hits = self.scheduler.pop_prefix_counts()
         touched: dict[str, _Parent] = {}
         texts: list[tuple[IncrementalDetokenizer, list[int]]] = []   # detokenized after _queue_next
+        ahead_seconds = 0.0   # planning and queueing the next step ahead: that step's host time
         if not so.is_empty:
             if isinstance(launched, LaunchedDecode):
+                t_ahead = time.monotonic()
                 self.decode_ahead.launch_next(so, launched)   # the GPU's next step, before this one is read
+                ahead_seconds = time.monotonic() - t_ahead
             out = launched.collect() if launched is not None else self.runner.execute(so)
             stats.target_seconds, stats.draft_seconds = out.target_seconds, out.draft_seconds
             stats.host_wait_seconds = out.host_wait_seconds
@@ -248,7 +254,7 @@ class EngineCore:
             self._queue_next()
         except Exception as e:   # noqa: BLE001 (raised by the next call, once this step's outputs are out)
             self._queued, self._launch_error = None, e
-        self._launch_seconds = time.monotonic() - t_queue
+        self._launch_seconds = ahead_seconds + time.monotonic() - t_queue
         for detok, tokens in texts:
             for tok in tokens:
                 detok.add(tok, check_stop=False)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from specserve.engine import core as engine_core  # noqa: E402
 from specserve.engine.runner.launched import LaunchedStep  # noqa: E402
 from specserve.engine.types import FinishReason, SamplingParams  # noqa: E402
+from tests.helpers.adaptive_k import script_k  # noqa: E402
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint  # noqa: E402
 
 K = 3
@@ -167,6 +170,42 @@ def test_the_host_time_of_queueing_a_step_is_that_steps_own(pair, make_llm):
         seconds.append(core.step()[1].step_seconds)
     [call] = slow_during
     assert seconds[call + 1] >= 0.3 and seconds[call] < 0.25
+
+
+def test_every_decode_step_is_charged_its_own_forward_where_k_changes(pair, make_llm, monkeypatch):
+    """Decode-ahead launches plain step N + 1 inside call N (``DecodeAhead.launch_next``), and on
+    the CPU a launch runs the forward itself. On a clock that only target forwards move (one
+    second each; the host's work takes none), every decode step the cost model learns from
+    must read one second. Charged to the call that launched it, the last plain step before k
+    leaves 0 read 0 and the first one back at 0 read 2: an EMA averages the pair, a robust
+    estimator (a median was tried) learns a wrong k = 0 cost from it."""
+    llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K, speculative_k="adaptive")
+    core = llm.core
+    clock = [0.0]
+    monkeypatch.setattr(engine_core, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    forward = core.runner._forward
+
+    def timed_forward(which, items, input_ids=None):
+        if which == "target":
+            clock[0] += 1.0
+        return forward(which, items, input_ids)
+    core.runner._forward = timed_forward
+    ks = [0] * 4 + [2] * 2 + [0] * 4 + [1] + [0] * 3 + [3] + [0] * 20
+    script_k(core, lambda n: ks[min(n, len(ks) - 1)])
+    ctl = core.spec_control.controller
+    fed, observe_step = [], ctl.observe_step
+
+    def recording(batch, k_verify, k_draft, tokens, seconds, *rest):
+        fed.append((k_verify, k_draft, seconds))
+        observe_step(batch, k_verify, k_draft, tokens, seconds, *rest)
+    ctl.observe_step = recording
+    _one_request(core)
+    while core.has_unfinished():
+        core.step()
+    pairs = {(kv > 0, kd > 0) for kv, kd, _ in fed}
+    assert pairs == {(False, False), (False, True), (True, True), (True, False)}
+    assert core.decode_ahead.num_ahead_steps > 5 and core.decode_ahead.num_planned_steps == 3
+    assert [s for _, _, s in fed] == [1.0] * len(fed), fed
 
 
 def test_a_failed_launch_is_raised_by_the_next_call_after_this_steps_outputs(pair, make_llm):
