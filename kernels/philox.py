@@ -34,7 +34,7 @@ import torch
 SAMPLE = 0   # target sampling: plain decoding, the bonus token, strict verification
 DRAFT = 1    # the draft model's proposals
 ACCEPT = 2   # the accept/reject draw of probabilistic verification (index 0)
-RECOVER = 3  # the replacement token after a rejection
+RECOVER = 3  # the replacement token after a rejection (index 0: one number per position)
 
 
 def draft_stream(method: str) -> int:

@@ -17,15 +17,17 @@ and a program picks one copy by its row's T.
   ``row_thr``. Races run here only where every row needs one (strict verification, draft
   sampling).
 * ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept
-  tests (all of a request's drafts at once with PARALLEL, else row by row), then runs the request's one race over its chunk: the rejected
-  row's residual ``max(p - q, 0)`` (only that row's logits and draft-prob row are read) or the
-  bonus row's p. So probabilistic verification draws random numbers for one row per request.
-  The residual race runs in linear space, ``argmax r_i / E_i``, with the race over p for an
-  all-zero residual folded in as negative scores ``-(E_i / p_i)`` (kernels.ref_sampling
-  ``recover_scores``): per entry one log, one exp and two IEEE divisions (the bonus race: two
-  logs and one exp), where it used to be four logs and two races.
-* ``finalize_kernel`` (grid [requests]): greedy / strict acceptance, picks the recovered or
-  bonus token and writes the padded output row.
+  tests (all of a request's drafts at once with PARALLEL, else row by row), then works on its
+  chunk of the one row that decides the request's last token. After a rejection: the first
+  level of the recovery's inverse-CDF search (kernels.ref_sampling ``inverse_cdf``), per-tile
+  sums of the residual ``max(w - S q, 0)`` and of the weights ``w`` (an exp, a multiply-add
+  and two sums per entry; UNROLL tiles loaded per step); only that row's logits and draft-prob
+  row are read. All drafts accepted: the bonus row's race over p (stream SAMPLE, as the row
+  pass races). So probabilistic verification draws random numbers for at most one row per
+  request.
+* ``finalize_kernel`` (grid [requests]): greedy / strict acceptance; for a rejection the second
+  level of the search (the tile sums' running total picks a tile, which is recomputed and
+  scanned); the bonus race's winner otherwise; writes the padded output row.
 * ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
 
 Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races

@@ -5,7 +5,8 @@ The semantics (distribution, random numbers, acceptance rules) are documented in
 :mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
 ``rejection_sample`` 3 (probabilistic) or 2 (strict).
 Random numbers: strict verification and draft sampling race every row; probabilistic verification
-races one row per request (the rejected row's residual, or the bonus row). Each Philox4x32-10
+races only a bonus row (all drafts accepted) and recovers after a rejection by inverting the
+residual's CDF with one random number (kernels.ref_sampling ``inverse_cdf``). Each Philox4x32-10
 call gives four consecutive vocabulary entries (see kernels.philox), so a V-wide race costs
 V / 4 Philox calls. No host synchronisation: the output width of ``rejection_sample`` comes
 from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see

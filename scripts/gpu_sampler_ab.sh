@@ -10,7 +10,7 @@ BASE="${1:?base tree (git archive of engine kernels bench specserve server)}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 bash scripts/gpu_run.sh none > /dev/null 2>&1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-HEAD_PATH="/tmp/site:$PWD"; BASE_PATH="/tmp/site:$PWD/$BASE"
+HEAD_PATH="/tmp/site:$PWD"
 log="$OUT/sampler_ab.log"
 { nvidia-smi --query-gpu=name --format=csv,noheader; git log -1 --format='head %h %s' 2>/dev/null; } | tee "$log"
 gpu_tests() {  # file, timeout, extra pytest args
@@ -31,10 +31,12 @@ for stage in ${STAGES:-sampling sweeps exactness}; do
     sweeps)
       for run in 1 2; do
         for tree in base head; do
-          p="$HEAD_PATH"; [[ $tree == base ]] && p="$BASE_PATH"
+          d="$PWD"; [[ $tree == base ]] && d="$PWD/$BASE"
           echo "== sweep run $run, $tree" | tee -a "$log"
-          PYTHONPATH="$p" timeout 150 python3 -m specserve.bench.rejection_sampler --sweep \
-            --budget-s 0 --out "/tmp/rs_${tree}_${run}" 2>&1 | grep -E "^B=|default|legacy" | tee -a "$log"
+          # run from inside the tree: `python -m` puts the working directory first on sys.path,
+          # ahead of PYTHONPATH (calls 1 and 2 of 2026-11-27 ran this checkout twice that way)
+          (cd "$d" && PYTHONPATH="/tmp/site:$d" timeout 150 python3 -m specserve.bench.rejection_sampler \
+            --sweep --budget-s 0 --out "/tmp/rs_${tree}_${run}" 2>&1) | grep -E "^B=|default|legacy" | tee -a "$log"
         done
       done ;;
   esac
