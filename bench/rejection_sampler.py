@@ -28,8 +28,8 @@ Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   probabilistic: the one raced row per request read again (the rejected row or the bonus
   row; usually an L2 hit, counted anyway) ................ B V e
   and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
-  a rejection's recovery: the per-tile sums (2 per 1,024 entries, written and read) and one
-  1,024-entry tile of the rejected row's logits and draft probs read again (small)
+  a rejection's recovery: the per-tile sums (2 per tile of the plan's block, written and read)
+  and one tile of the rejected row's logits and draft probs read again (small)
   accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
   params: counted exactly below, they are small.
 ``first_read_bytes`` leaves out the re-read rows: the HBM traffic if they hit in L2.
@@ -139,7 +139,7 @@ def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
 
 
 def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
-                method: str, has_q: bool) -> tuple[int, int]:
+                method: str, has_q: bool, block: int = 1024) -> tuple[int, int]:
     """(bytes our kernels read and write for one call, of which logits and draft-prob rows read
     for the first time): see the module docstring. ``c``/``cr``: chunks per row in the row pass
     and in the final race."""
@@ -155,8 +155,8 @@ def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
         small += b * cr * 2 * 4 + b * 4                      # race partials + accepted counts
-        tiles = -(-v // 1024)
-        small += n_rej * (2 * tiles * 4 * 2 + 1024 * (elt + 4))  # recovery: tile sums, one tile
+        tiles = -(-v // block)
+        small += n_rej * (2 * tiles * 4 * 2 + block * (elt + (4 if has_q else 0)))  # recovery
     return first + again + small, first
 
 
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> dict:
                     x["positions"], args.method, k, block=args.block, chunk=args.chunk))
             t_ms = dev_ms if dev_ms is not None else ms
             nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
-                                        pr.num_chunks, args.method, x["q"] is not None)
+                                        pr.num_chunks, args.method, x["q"] is not None, pr.block)
             vb = vllm_mrv2_bytes(b, k, args.vocab)
             d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],
                                                  x["positions"], True))
@@ -322,7 +322,7 @@ def sweep(args: argparse.Namespace) -> dict:
             pl = TS.plan(args.vocab, b * (k + 1), dev, tuning=tuning)
             pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
             nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
-                                    pr.num_chunks, args.method, x["q"] is not None)
+                                    pr.num_chunks, args.method, x["q"] is not None, pr.block)
             kernels = None
             if args.device == "cuda" and prio == 0:      # where the time goes, per pass
                 kernels = kernel_us(lambda: TS.rejection_sample(  # noqa: E731

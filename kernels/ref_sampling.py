@@ -25,7 +25,7 @@ Semantics (shared with :mod:`kernels.triton_sampling`):
   ``S = sum(w)``) the residual is ``r = max(w - S q, 0)`` (``S max(p - q, 0)``); the token is
   the ``i`` with ``sum(r[:i]) <= u sum(r) < sum(r[:i + 1])``, found in two levels: sums of
   :data:`RECOVER_TILE`-entry tiles pick the tile, a cumulative sum inside it the entry (see
-  :func:`inverse_cdf`). An all-zero residual (p == q to fp32) falls back to ``w``. Per
+  :func:`inverse_cdf`). A residual without a positive entry falls back to ``w``. Per
   vocabulary entry that is an exp, a multiply-add and two sums: no random number, log or
   division, so the GPU's recovery streams its row at memory speed.
 
@@ -176,19 +176,27 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     sums = tiles.sum(dim=2)                                                  # [N, nt]
     target = u * sums.sum(dim=1)                                             # [N]
     cum = sums.cumsum(dim=1)
-    t = (cum <= target.unsqueeze(1)).sum(dim=1)                              # first cum > target
-    t = torch.minimum(t, _last_positive(sums))
+    t = _tile_of(sums, cum, target)
     before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
     tile = tiles[torch.arange(n, device=weights.device), t]                  # [N, TILE]
     hit = (tile.cumsum(dim=1) > (target - before).unsqueeze(1)) & (tile > 0)
-    inner = torch.where(hit.any(dim=1), hit.to(torch.int8).argmax(dim=1), _last_positive(tile))
-    return t * RECOVER_TILE + inner
+    return t * RECOVER_TILE + _first_or_last_positive(hit, tile)
 
 
-def _last_positive(w: torch.Tensor) -> torch.Tensor:
-    """Index of each row's last positive entry ([N] int64; 0 for a row without one)."""
+def _tile_of(sums: torch.Tensor, cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The tile each row's target falls in: the first tile of positive weight whose running
+    total passes it (else the last positive tile). Not a count of the totals at or below the
+    target: a parallel scan (the Triton twin's ``tl.cumsum``) can leave a zero tile's running
+    total an ulp below the one before, and a count would then land on that tile. [N] int64."""
+    return _first_or_last_positive((cum > target.unsqueeze(1)) & (sums > 0), sums)
+
+
+def _first_or_last_positive(hit: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index where ``hit`` (a subset of ``w > 0``), else the last index with
+    ``w > 0`` (0 if none). [N] int64."""
     idx = torch.arange(w.shape[1], device=w.device)
-    return torch.where(w > 0, idx, 0).amax(dim=1)
+    last = torch.where(w > 0, idx, 0).amax(dim=1)
+    return torch.where(hit.any(dim=1), hit.to(torch.int8).argmax(dim=1), last)
 
 
 def recover(weights: torch.Tensor, residual: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,8 @@ and a program picks one copy by its row's T.
 Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races
 draw a tile of BLOCK indices with BLOCK / 4 Philox calls (``_uniform_tile``: index 4c + w is
 word w of counter c; the words are interleaved with tl.join / tl.reshape, which costs a few
-layout conversions through shared memory per tile); the accept draw is index 0, word 0 of
-counter 0.
+layout conversions through shared memory per tile); the accept draw (and the recovery's) is
+index 0, word 0 of counter 0.
 """
 
 from __future__ import annotations
@@ -627,12 +627,14 @@ def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, 
     live = i < NTILES
     sr = tl.load(tile_sums + b * TP + i, mask=live, other=0.0)
     sw = tl.load(tile_sums + (nb + b) * TP + i, mask=live, other=0.0)
-    empty = tl.max(sr, 0) <= 0.0                     # p == q: fall back to p
+    empty = tl.max(sr, 0) <= 0.0                     # no positive residual: fall back to p
     sums = tl.where(empty, sw, sr)
     target = _uniform(seed, pos, 3, tl.full([], 0, tl.int32)) * tl.sum(sums, 0)
     cum = tl.cumsum(sums, 0)
-    t = tl.sum(((cum <= target) & live).to(tl.int32), 0)     # the first tile past the target
-    t = tl.minimum(t, tl.max(tl.where(sums > 0.0, i, 0), 0))
+    # the first positive tile whose running total passes the target (not a count of totals at
+    # or below it: the scan can leave a zero tile's total an ulp below the one before it)
+    t = tl.min(tl.where((cum > target) & (sums > 0.0) & live, i, TP), 0)
+    t = tl.where(t == TP, tl.max(tl.where(sums > 0.0, i, 0), 0), t)
     rem = target - tl.sum(tl.where(i == t - 1, cum, 0.0), 0)
     offs = t * BLOCK + tl.arange(0, BLOCK)
     xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)

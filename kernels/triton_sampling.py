@@ -14,13 +14,12 @@ from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see
 
 Bytes read per verification step (V-wide rows, logits in their own dtype):
 every target row once (all chunks of a row together read it once), plus, for probabilistic
-verification, the raced row's logits again (the rejected or the bonus row; usually from L2)
-and the rejected row's draft-prob row (fp32); draft-prob rows of accepted tokens are read at one
-element each. In the final race a top-k / top-p / min-p row reads its tiles that hold kept
-entries twice (a test, then the race). Top-k / top-p rows add one read per bisection pass
-(about 8 per filter with NT = 16; passes after the first two mostly just stream), done by one
-program per row: at small batch sizes a filtered row is latency-bound on one SM (a
-split-vocabulary bisection would need one launch per pass).
+verification, the deciding row's logits again (the rejected or the bonus row; usually from L2)
+and the rejected row's draft-prob row (fp32), then one tile of both again (the recovery's
+search); draft-prob rows of accepted tokens are read at one element each. Top-k / top-p rows
+add one read per bisection pass (about 8 per filter with NT = 16; passes after the first two
+mostly just stream), done by one program per row: at small batch sizes a filtered row is
+latency-bound on one SM (a split-vocabulary bisection would need one launch per pass).
 """
 
 from __future__ import annotations

@@ -290,3 +290,15 @@ def test_recovery_of_an_all_zero_residual_falls_back_to_p() -> None:
         got = R.recover(w, torch.zeros_like(w), torch.tensor([u]))
         assert int(got) == want
     assert int(R.recover(w, torch.tensor([[0.0, 0.0, 5.0, 0.0]]), torch.tensor([0.9]))) == 2
+
+
+def test_a_zero_tile_is_never_chosen_even_if_a_scan_dips_below_the_total_before_it() -> None:
+    """A parallel scan can leave a zero tile's running total an ulp below the total before it;
+    counting the totals at or below the target then picks the zero tile (and its 'last positive
+    entry' would be token 0). Choosing the first positive tile whose total passes the target
+    does not."""
+    sums = torch.tensor([[1.0, 0.0, 1.0]])
+    cum = torch.tensor([[1.0, 1.0 - 2.0 ** -23, 2.0]])     # the scan's dip at the zero tile
+    target = torch.tensor([1.0 - 2.0 ** -24])
+    assert int((cum <= target).sum()) == 1                  # a count lands on the zero tile
+    assert int(R._tile_of(sums, cum, target)) == 0
