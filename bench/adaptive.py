@@ -30,7 +30,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -80,6 +80,20 @@ class AdaptiveSettings:
         256 the decode phase of a good draft held only a fifth of the tokens."""
         prefill_steps = -(-batch * self.prompt_len // self.token_budget)
         return max(self.output_len, -(-self.cell_tokens // batch), 32 * prefill_steps)
+
+
+def script_settings(batch_sizes: Sequence[int], temperatures: Sequence[float],
+                    ks: Sequence[int] = tuple(range(1, 9)), output_len: int = 128,
+                    **overrides) -> AdaptiveSettings:
+    """The settings the trace scripts share (scripts/step_times.py, adaptive_decisions.py,
+    held_zero_ab.py, eager_profile.py): the bench's truncated-draft pair (4 layers, late layers
+    scaled by 0.05), 32-token prompts and ``output_len`` tokens per request; ``overrides`` replace
+    any other field."""
+    fields = dict(prompt_len=32, output_len=output_len, cell_tokens=output_len, mid_layers=4,
+                  late_scale=0.05, ramp_requests=256, ramp_output_len=128, ramp_rate=2.0)
+    fields.update(overrides)
+    return AdaptiveSettings(batch_sizes=tuple(batch_sizes), temperatures=tuple(temperatures),
+                            ks=tuple(ks), **fields)
 
 
 # ---- the pairs ---------------------------------------------------------------------------------

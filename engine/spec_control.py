@@ -120,11 +120,10 @@ class _Rates:
                 self._rates = self._table = None
 
     def table(self) -> list[float]:
-        self._fresh()
+        """E(0..k_max): the expected tokens a step commits at each k, from ``rates``."""
+        rates = self.rates()
         if self._table is None:
-            if self._rates is None:
-                self._rates, self._plain = self._read()
-            self._table = expected_tokens_table(self._rates)
+            self._table = expected_tokens_table(rates)
         return self._table
 
     def update(self, k: int, accepted: int, prior: Optional[list[float]] = None) -> None:

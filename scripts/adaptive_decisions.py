@@ -37,11 +37,8 @@ def main() -> None:
     fixed = tuple(int(k) for k in a.fixed_ks.split(",") if k)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
-    s = ad.AdaptiveSettings(batch_sizes=tuple(int(b) for b in a.batches.split(",")),
-                            temperatures=tuple(float(t) for t in a.temps.split(",")),
-                            ks=tuple(range(1, 9)), prompt_len=32, output_len=128, cell_tokens=128,
-                            mid_layers=4, late_scale=0.05, ramp_requests=256, ramp_output_len=128,
-                            ramp_rate=2.0)
+    s = ad.script_settings([int(b) for b in a.batches.split(",")],
+                           [float(t) for t in a.temps.split(",")])
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     res: dict = {"calibration": {}, "cells": {}}
     for pair in a.pairs.split(","):

@@ -66,9 +66,8 @@ def main() -> None:
     a = p.parse_args()
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
-    s = ad.AdaptiveSettings(batch_sizes=(1, 16), temperatures=(0.0,), ks=(1, 2, 3, 4), prompt_len=32,
-                            output_len=32, cell_tokens=32, mid_layers=4, late_scale=0.05,
-                            ramp_requests=16, ramp_output_len=16, ramp_rate=2.0)
+    s = ad.script_settings((1, 16), (0.0,), ks=(1, 2, 3, 4), output_len=32, ramp_requests=16,
+                           ramp_output_len=16)
     dirs, cache = ad.script_models(Path("/tmp/eager"), s, a.tiny)
     report = []
     for pair in ("unrelated", "mid"):

@@ -28,10 +28,7 @@ def main() -> None:
                    help="after the rounds, a torch.profiler table of 20 steps of each engine")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = p.parse_args()
-    s = ad.AdaptiveSettings(batch_sizes=(a.batch,), temperatures=(a.temperature,),
-                            ks=tuple(range(1, 9)), prompt_len=32, output_len=128, cell_tokens=128,
-                            mid_layers=4, late_scale=0.05, ramp_requests=256, ramp_output_len=128,
-                            ramp_rate=2.0)
+    s = ad.script_settings((a.batch,), (a.temperature,))
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     cores = {"plain": ad.build_core(cache, dirs["target"], None, s),
              "self": ad.build_core(cache, dirs["target"], dirs["target"], s),

@@ -32,9 +32,7 @@ def main() -> None:
     import specserve.engine.runner.draft_loop as source
     print(a.tag, "code from", source.__file__, flush=True)
     batches = tuple(int(b) for b in a.batches.split(","))
-    s = ad.AdaptiveSettings(batch_sizes=batches, temperatures=(a.temperature,), ks=tuple(range(1, 9)),
-                            prompt_len=32, output_len=128, cell_tokens=128, mid_layers=4,
-                            late_scale=0.05, ramp_requests=256, ramp_output_len=128, ramp_rate=2.0)
+    s = ad.script_settings(batches, (a.temperature,))
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     plain = ad.build_core(cache, dirs["target"], None, s)
     mid = ad.build_core(cache, dirs["target"], dirs["mid"], s)
