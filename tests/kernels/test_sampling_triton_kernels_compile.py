@@ -50,26 +50,28 @@ def test_row_pass_kernel_compiles(has_cu: bool, race: bool, unroll: int, split: 
                                               UNROLL=unroll, SPLIT=split))
 
 
-@pytest.mark.parametrize("has_q,parallel", [(True, True), (False, True), (True, False)])
-def test_final_race_kernel_compiles(has_q: bool, parallel: bool) -> None:
+@pytest.mark.parametrize("has_q,parallel,unroll", [(True, True, 4), (False, True, 4), (True, False, 1)])
+def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
                drafts_ptr=PI64,
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
-               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32)
-    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, BLOCK=1024, TILES=32, KP=16,
-                                            PARALLEL=parallel))
+               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums=P32)
+    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
+                                            KP=16, PARALLEL=parallel, UNROLL=unroll))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
-    sig = dict(cu_ptr=PI32, drafts_ptr=PI64, temp_ptr=P32, part_rv=P32, part_ri=PI32,
-               part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32,
-               n_acc_ptr=PI32, out_ptr=PI64, W="i32", C="i32", CR="i32")
-    for strict in (False, True):
-        _compile(K.finalize_kernel, sig, dict(STRICT=strict, CP=32, CRP=4, WP=16), num_warps=1)
+    sig = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
+               temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
+               part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
+               tile_sums=P32, out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
+    for strict, has_q in ((False, True), (False, False), (True, False)):
+        _compile(K.finalize_kernel, sig, dict(V=V, STRICT=strict, HAS_Q=has_q, CP=32, CRP=256,
+                                              TP=256, BLOCK=1024, WP=16), num_warps=4)
     sig = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
                part_s=P32,
                part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
