@@ -371,6 +371,21 @@ def _residual(weights: torch.Tensor, mass: torch.Tensor, q: torch.Tensor) -> tor
     return torch.clamp(weights - mass * q, min=0.0)
 
 
+def _recovered(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
+               lay: _Layout, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The recovery after a rejection at rows ``sel``: inverse CDF of the residual ([n] int64)."""
+    w = d.weights[sel]                                                           # [n, V]
+    q_rows = _one_hot(x[sel], w.shape[1]) if q is None else q[lay.draft_idx[sel]]
+    u = uniform(seeds, pos, RECOVER, torch.zeros(1, dtype=torch.int64, device=w.device))
+    return recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
+
+
+def _bonus(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
+           lay: _Layout, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The bonus token at rows ``sel`` (every draft accepted): the race over p ([n] int64)."""
+    return race(torch.where(d.keep[sel], d.x[sel], float("-inf")), seeds, pos, SAMPLE)
+
+
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
                   n_acc: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
                   seeds: torch.Tensor, positions: torch.Tensor,
@@ -381,12 +396,16 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
     if method == "strict":
         tok = sample_tok[sel]
     else:
-        w = d.weights[sel]                                                       # [B, V]
-        q_rows = _one_hot(x[sel], w.shape[1]) if q is None else q[lay.draft_idx[sel]]
-        u = uniform(seeds, pos, RECOVER, torch.zeros(1, dtype=torch.int64, device=w.device))
-        recovered = recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
-        bonus = race(_masked_x(d)[sel], seeds, pos, SAMPLE)
-        tok = torch.where(n_acc == lay.k, bonus, recovered)
+        rejected = n_acc < lay.k
+        if logits.device.type == "cpu":   # a host read is free: each row draws only its own token
+            tok = torch.zeros_like(n_acc)
+            for rows, draw in ((rejected.nonzero().squeeze(1), _recovered),
+                               ((~rejected).nonzero().squeeze(1), _bonus)):
+                if rows.numel():
+                    tok[rows] = draw(d, sel[rows], x, q, lay, seeds[rows], pos[rows])
+        else:
+            tok = torch.where(rejected, _recovered(d, sel, x, q, lay, seeds, pos),
+                              _bonus(d, sel, x, q, lay, seeds, pos))
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 

@@ -60,9 +60,9 @@ BREAKAGES = {b.name: b for b in [
                           "q = draft_probs.to(torch.bfloat16).to(torch.float32).contiguous()"),)),
     Breakage(
         "bonus_from_residual", "after k acceptances the bonus is drawn from max(p - q_k, 0), not p",
-        ref=(("else q[lay.draft_idx[sel]]", "else q[lay.draft_idx[sel] - (n_acc == lay.k).to(torch.int64)]"),
-             ("tok = torch.where(n_acc == lay.k, bonus, recovered)",
-              "tok = torch.where(lay.k == 0, bonus, recovered)")),
+        ref=(("else q[lay.draft_idx[sel]]",
+              "else q[lay.draft_idx[sel] - (lay.j[sel] == lay.k[lay.req[sel]]).to(torch.int64)]"),
+             ("        rejected = n_acc < lay.k\n", "        rejected = lay.k > 0\n")),
         triton_kernels=(("        if n < k_b:\n            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)\n"
                          "            q_row = q_ptr + (c0 + n).to(tl.int64) * V\n",
                          "        if k_b > 0:\n            xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1)).to(tl.int32)\n"
