@@ -15,8 +15,9 @@ Plain Python, no torch. Three parts, each fed by numbers the engine already has:
   ``k * c_draft(B) + t_target(B, k + 1) + overhead(B)``. ``c_draft`` and ``t_target`` (sampler
   included) come from a start-up calibration on the device (engine/runner/calibration.py);
   the overhead (host work: scheduling, inputs, bookkeeping) is learnt online as what real steps
-  cost beyond the device parts, and every (batch bucket, k) the engine actually runs keeps an
-  EMA of its measured step time that replaces the calibrated prediction once it has samples.
+  cost beyond the device parts, and every (batch bucket, k) the engine actually runs keeps the
+  median of its last measured step times, which replaces the calibrated prediction once it has
+  samples (a median: one slow step now and then is no cost of its k).
 * :class:`KController`: every step, for the requests that sample, evaluates for k = 0..k_max
 
       E_r(k) = 1 + sum_{i<=k} prod_{j<=i} a_{r,j},   goodput(k) = sum_r E_r(k) / step(B, k)
@@ -37,6 +38,7 @@ and adapt freely.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -419,10 +421,34 @@ class _Ema:
         self.value = x if self.count == 1 else self.value + max(rate, 1.0 / self.count) * (x - self.value)
 
 
+class _RecentMedian:
+    """The median of the last WINDOW observations, for step times and host residuals. A slow
+    step now and then (a host hiccup, another process, a kernel met late) is no cost of its k:
+    in an average, even clipped at 2x, two such steps in a row at batch 16 (20.8 and 8.2 ms
+    among 4.6 ms steps, H100) raised k = 3's cell by 20%, the controller went back to k = 0 and
+    held it for 35 steps where k = 3 ran 1.13x faster, and the stale cell was never measured
+    again. In the median of nine they change nothing; a real change in cost shows after five
+    steps. (``add``'s rate is the EMA's interface, unused.)"""
+
+    WINDOW = 9
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=self.WINDOW)
+        self.count = 0
+        self.value = 0.0
+
+    def add(self, x: float, rate: float = 0.0) -> None:
+        self.count += 1
+        self.recent.append(x)
+        ordered = sorted(self.recent)
+        n = len(ordered)
+        self.value = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
 class CostModel:
     """Predicted seconds of a decode step at batch B with k drafts per request."""
 
-    MIN_SAMPLES = 4          # measured steps before a cell's EMA replaces the prediction
+    MIN_SAMPLES = 4          # measured steps before a cell's median replaces the prediction
 
     def __init__(self, calibration: Calibration, rate: float = 0.1, zero_runs_ahead: bool = False):
         self.cal = calibration
@@ -437,9 +463,9 @@ class CostModel:
         self.zero_runs_ahead = zero_runs_ahead
         # batch bucket -> host seconds per step, learnt apart for plain steps (k = 0) and
         # drafting ones (more host work: drafts, probabilities, the acceptance bookkeeping)
-        self.overhead: dict[int, _Ema] = {}
-        self.drafting_overhead: dict[int, _Ema] = {}
-        self.cells: dict[tuple[int, int], _Ema] = {}   # (batch bucket, k) -> step seconds
+        self.overhead: dict[int, _RecentMedian] = {}
+        self.drafting_overhead: dict[int, _RecentMedian] = {}
+        self.cells: dict[tuple[int, int], _RecentMedian] = {}   # (batch bucket, k) -> step seconds
         # measured k = 0 step / its calibrated device time, over every batch bucket: the
         # calibration times each forward alone, host input preparation and a synchronisation
         # included, and overstated real plain steps by ~20-25% on an H100 (2.65 ms calibrated at
@@ -580,14 +606,14 @@ class CostModel:
         if k_verify == 0 < k_draft:
             pass   # leaving k = 0: the draft's catch-up (priced apart) is no host work of a k
         elif k_verify or k_draft:
-            self.drafting_overhead.setdefault(b, _Ema()).add(residual, self.rate)
+            self.drafting_overhead.setdefault(b, _RecentMedian()).add(residual)
         else:
-            self.overhead.setdefault(b, _Ema()).add(residual, self.rate)
+            self.overhead.setdefault(b, _RecentMedian()).add(residual)
             if device > 0:
                 scale = min(max(seconds / device, self.ZERO_SCALE[0]), self.ZERO_SCALE[1])
                 self.zero_scale.add(scale, self.rate)
         if k_verify == k_draft:
-            self.cells.setdefault((b, k_draft), _Ema()).add(seconds, self.rate)
+            self.cells.setdefault((b, k_draft), _RecentMedian()).add(seconds)
 
     def snapshot(self) -> dict:
         return {"calibration": self.cal.as_dict(), "device_stalls": self.device_stalls,
@@ -638,7 +664,7 @@ class KController:
     PROBE_BUDGET = 0.02      # a probe (its catch-up included) costs at most this share of the
     #                          time spent at k = 0 since the last one; otherwise it waits
     # At k = 0 the decision's inputs drift slowly at an unchanged batch size: no verification
-    # feeds the acceptance model, the k = 0 cost cell moves by an EMA step, lag and remaining
+    # feeds the acceptance model, the k = 0 cost cell moves by one step's time, lag and remaining
     # tokens by one token a row. So the full evaluation runs only every ZERO_RECHECK-th such step
     # and the others cost a counter (``hold_zero``); they keep k = 0, which a full evaluation
     # would also choose unless one of those slow inputs crossed a threshold in between. Leaving

@@ -894,3 +894,18 @@ def test_only_the_first_cold_position_is_raised() -> None:
     assert raised[2] > flat[2]
     assert raised[2] == pytest.approx(min(1.0, flat[2] + (flat[2] * (1 - flat[2]) / (n3 + 4)) ** 0.5))
     assert raised[3:] == flat[3:]
+
+
+def test_two_slow_steps_among_many_do_not_move_a_measured_cell_but_a_real_change_does():
+    """On an H100 (batch 16, T = 0) two steps of 20.8 and 8.2 ms among 4.6 ms ones, averaged
+    even clipped, raised k = 3's measured cell by 20%: the controller went back to k = 0, held
+    it for 35 steps and never measured k = 3 again. The cell is a median of recent steps."""
+    cost = CostModel(_cal(0.1))
+    for _ in range(10):
+        cost.observe(16, 3, 3, 0.0046)
+    for slow in (0.0208, 0.0082):
+        cost.observe(16, 3, 3, slow)
+    assert cost.step_seconds(16, 3) == pytest.approx(0.0046, rel=0.01)
+    for _ in range(5):
+        cost.observe(16, 3, 3, 0.0060)   # the step really got slower: five steps show it
+    assert cost.step_seconds(16, 3) == pytest.approx(0.0060, rel=0.01)
