@@ -135,15 +135,11 @@ def _one_request(core, rid: str = "a", **kw) -> None:
     core.add_request(rid, _prompts(1, seed=5)[0], SamplingParams(**params))
 
 
-def test_a_steps_target_time_is_timed_at_launch_not_until_it_is_read(pair, make_llm, monkeypatch):
-    """A step without the chained draft program (here: a penalty, so the host proposes) is read
-    in the call after its launch; its target time must not include what happened in between.
-    On a virtual clock (a target forward moves it by 1, the caller's work between two calls by
-    100), so the machine's load cannot decide the result."""
-    llm = _spec(make_llm, pair)
-    core = llm.core
+def _clock_of_target_forwards(core, monkeypatch, module, reader: str) -> list[float]:
+    """A virtual clock for ``module``'s ``time.<reader>``: only the core's target forwards move
+    it, by 1 each (the host's work takes none); tests move it themselves for anything else."""
     clock = [0.0]
-    monkeypatch.setattr(phase_clock, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(module, "time", SimpleNamespace(**{reader: lambda: clock[0]}))
     forward = core.runner._forward
 
     def timed_forward(which, items, input_ids=None):
@@ -151,6 +147,17 @@ def test_a_steps_target_time_is_timed_at_launch_not_until_it_is_read(pair, make_
             clock[0] += 1.0
         return forward(which, items, input_ids)
     core.runner._forward = timed_forward
+    return clock
+
+
+def test_a_steps_target_time_is_timed_at_launch_not_until_it_is_read(pair, make_llm, monkeypatch):
+    """A step without the chained draft program (here: a penalty, so the host proposes) is read
+    in the call after its launch; its target time must not include what happened in between.
+    On a virtual clock (a target forward moves it by 1, the caller's work between two calls by
+    100), so the machine's load cannot decide the result."""
+    llm = _spec(make_llm, pair)
+    core = llm.core
+    clock = _clock_of_target_forwards(core, monkeypatch, phase_clock, "perf_counter")
     _one_request(core, repetition_penalty=1.3)
     core.step()
     times = []
@@ -170,15 +177,7 @@ def test_every_decode_step_is_charged_its_own_forward_where_k_changes(pair, make
     estimator (a median was tried) learns a wrong k = 0 cost from it."""
     llm = make_llm(pair[0], draft_model=pair[1], num_speculative_tokens=K, speculative_k="adaptive")
     core = llm.core
-    clock = [0.0]
-    monkeypatch.setattr(engine_core, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    forward = core.runner._forward
-
-    def timed_forward(which, items, input_ids=None):
-        if which == "target":
-            clock[0] += 1.0
-        return forward(which, items, input_ids)
-    core.runner._forward = timed_forward
+    clock = _clock_of_target_forwards(core, monkeypatch, engine_core, "monotonic")
     ks = [0] * 4 + [2] * 2 + [0] * 4 + [1] + [0] * 3 + [3] + [0] * 20
     script_k(core, lambda n: ks[min(n, len(ks) - 1)])
     ctl = core.spec_control.controller
