@@ -71,6 +71,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=None, help="vocabulary tile (default: plan)")
     ap.add_argument("--chunk", type=int, default=None, help="vocabulary per program (default: plan)")
     ap.add_argument("--sweep", action="store_true", help="time candidate launch plans per (B, k)")
+    ap.add_argument("--only", default=None,
+                    help="--sweep: comma list of candidate labels to time (default: all, legacy "
+                         "and default first), e.g. default,last_row_race=8")
     ap.add_argument("--budget-s", type=float, default=45.0,
                     help="--sweep: stop starting variations after this many seconds")
     args = ap.parse_args()
@@ -139,18 +142,24 @@ def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
 
 
 def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
-                method: str, has_q: bool, block: int = 1024) -> tuple[int, int]:
+                method: str, has_q: bool, block: int = 1024,
+                bonus_in_row_pass: bool = False) -> tuple[int, int]:
     """(bytes our kernels read and write for one call, of which logits and draft-prob rows read
     for the first time): see the module docstring. ``c``/``cr``: chunks per row in the row pass
-    and in the final race."""
+    and in the final race. ``bonus_in_row_pass``: the row pass raced the bonus rows
+    (``Tuning.last_row_race``), so only rejected rows are read again, and with no drafts
+    at all there is no final race."""
     rows = b * (k + 1)
     first = rows * v * elt                                   # every logits row once
     small = rows * c * 6 * 4 + rows * 4                      # partials + row thresholds written
     small += rows * (4 * 4 + 2 * 8)                          # per-row params loaded
     small += rows * 8 + b * k * 8                            # output + draft tokens
     again = 0
-    if method == "probabilistic":
-        again = b * v * elt                                  # the raced row (rejected or bonus)
+    if method == "probabilistic" and bonus_in_row_pass and k == 0:
+        small += b * c * 2 * 4                               # the bonus race's partials, read
+    elif method == "probabilistic":
+        # the raced row (rejected or bonus; only the rejected when the row pass raced the bonus)
+        again = (n_rej if bonus_in_row_pass else b) * v * elt
         first += n_rej * v * 4 if has_q else 0               # fp32 q row of the rejected draft
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
@@ -193,8 +202,10 @@ def run(args: argparse.Namespace) -> dict:
                     x["target"], cu_dev, x["drafts"], x["q"], *x["params"], x["seeds"],
                     x["positions"], args.method, k, block=args.block, chunk=args.chunk))
             t_ms = dev_ms if dev_ms is not None else ms
+            tuning = TS.verification_tuning(b * (k + 1))     # what the call above ran
             nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
-                                        pr.num_chunks, args.method, x["q"] is not None, pr.block)
+                                        pr.num_chunks, args.method, x["q"] is not None, pr.block,
+                                        bonus_in_row_pass=k <= tuning.last_row_race)
             vb = vllm_mrv2_bytes(b, k, args.vocab)
             d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],
                                                  x["positions"], True))
@@ -252,7 +263,9 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     from specserve.kernels import triton_sampling as TS
 
     d = TS.DEFAULT
-    out = [("legacy", TS.LEGACY, 0), ("default", d, 0)]
+    out = [("legacy", TS.LEGACY, 0), ("default", d, 0), ("narrow", TS.NARROW, 0)]
+    out += [(f"last_row_race={n}", replace(d, last_row_race=n), 1) for n in (-1, 8)]
+    out += [("narrow+last_row_race=8", replace(TS.NARROW, last_row_race=8), 1)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
@@ -300,6 +313,13 @@ def sweep(args: argparse.Namespace) -> dict:
     inputs: dict = {}
     rows: list[dict] = []
     cands = sweep_candidates()
+    if args.only:
+        only = args.only.split(",")
+        unknown = set(only) - {label for label, _, _ in cands}
+        if unknown:
+            raise SystemExit(f"--only: no candidate named {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(label for label, _, _ in cands)}")
+        cands = [(label, tu, 0) for label, tu, _ in cands if label in only]
     order = [(0, c) for c in cells] + [(p, c) for p in (1, 2)
                                        for c in sorted(cells, key=lambda c: (c[0] < 64, c))]
     for prio, (b, k) in order:
@@ -322,7 +342,8 @@ def sweep(args: argparse.Namespace) -> dict:
             pl = TS.plan(args.vocab, b * (k + 1), dev, tuning=tuning)
             pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
             nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
-                                    pr.num_chunks, args.method, x["q"] is not None, pr.block)
+                                    pr.num_chunks, args.method, x["q"] is not None, pr.block,
+                                    bonus_in_row_pass=k <= tuning.last_row_race)
             kernels = None
             if args.device == "cuda" and prio == 0:      # where the time goes, per pass
                 kernels = kernel_us(lambda: TS.rejection_sample(  # noqa: E731
@@ -338,8 +359,9 @@ def sweep(args: argparse.Namespace) -> dict:
                   f"{100 * rows[-1]['frac_copy_bw']:5.1f}% of copy  chunks {pl.num_chunks}/"
                   f"{pr.num_chunks}  same tokens {rows[-1]['same_tokens']}{split}", flush=True)
     drafts = []
-    for b in args.batch_sizes:          # the draft sampler's row pass shares the tiling knobs
-        x = inputs[(b, args.ks[0])]
+    drafting = [k for k in args.ks if k > 0]
+    for b in args.batch_sizes if drafting else []:   # the draft sampler's row pass shares the tiling knobs
+        x = inputs[(b, drafting[0])]
         for label, tuning in (("legacy", TS.LEGACY), ("default", TS.DEFAULT)):
             fn = lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],  # noqa: E731
                                          x["positions"], True, tuning=tuning)

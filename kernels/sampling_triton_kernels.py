@@ -14,8 +14,10 @@ and a program picks one copy by its row's T.
   tiles at once, so each thread keeps several loads in flight. Rows with top-k / top-p / min-p are done whole by their chunk-0 program: one
   max/sum pass, then multi-way threshold bisection passes (NT candidate thresholds per pass,
   no sort), then the race pass; it writes the kept mass as ``s`` and the threshold to
-  ``row_thr``. Races run here only where every row needs one (strict verification, draft
-  sampling).
+  ``row_thr``. Races run here where every row needs one (strict verification, draft
+  sampling) and, with LAST, in each request's last row: the bonus row of probabilistic
+  verification, raced before the accept tests say whether it is needed (one pass over the
+  row instead of two, chosen per call by ``Tuning.last_row_race``).
 * ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept
   tests (all of a request's drafts at once with PARALLEL, else row by row), then works on its
   chunk of the one row that decides the request's last token. After a rejection: the first
@@ -365,14 +367,17 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
 def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
                     part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
-                    stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, NB: tl.constexpr,
-                    BLOCK: tl.constexpr, NT: tl.constexpr, SBLOCK: tl.constexpr,
-                    TILES: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr):
+                    stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LAST: tl.constexpr,
+                    NB: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr,
+                    SBLOCK: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
+                    SPLIT: tl.constexpr):
     """Grid [rows, C chunks]: chunk c covers [c * chunk, (c + 1) * chunk) of the vocabulary
     (chunk a multiple of BLOCK, at most TILES steps of UNROLL tiles: TILES bounds the loop at
     compile time). SPLIT: a greedy row computes only its argmax (its m, s are placeholders:
     max z and 1) and a sampled row only its softmax (and race): nothing reads the other
-    partials of such rows; without SPLIT every unfiltered row computes both."""
+    partials of such rows; without SPLIT every unfiltered row computes both. RACE: every
+    sampled row races; LAST: each request's last row (its bonus row) races, the same race
+    final_race_kernel would run on it if every draft is accepted."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, NB)
@@ -389,6 +394,8 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     p_on = (top_p < 1.0) & sampled
     m_on = (min_p > 0.0) & sampled
     need_race = sampled & RACE
+    if LAST:
+        need_race = need_race | (sampled & (j == k_b))
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     out = row * C + c
     if k_on | p_on | m_on:
@@ -559,13 +566,14 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
                       BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
-                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr):
+                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr, LAST: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
     tests at once with PARALLEL, else one draft after another), then, over this chunk, either
     the first level of the recovery's inverse-CDF search (a rejection: per-tile sums of the
     residual and of the weights into ``tile_sums`` [2, requests, TP]) or the bonus row's race
-    (all accepted: into ``rec_v`` / ``rec_i``). Chunk 0 stores the accepted count and the raced
-    row's max, sum and threshold (``row_stat`` [3, requests]) for finalize_kernel."""
+    (all accepted: into ``rec_v`` / ``rec_i``; nothing with LAST, where the row pass raced
+    the bonus row). Chunk 0 stores the accepted count and the raced row's max, sum and
+    threshold (``row_stat`` [3, requests]) for finalize_kernel."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     nb = tl.num_programs(0)
@@ -604,7 +612,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
             else:
                 _residual_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, sums_r, sums_w,
                                 HAS_Q, BLOCK, TILES, UNROLL)
-        else:
+        elif not LAST:
             if T != 1.0:
                 v, j = _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos0 + n, BLOCK, TILES)
             else:
@@ -652,9 +660,12 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
                     seed_ptr, pos_ptr, part_rv, part_ri, part_gv, part_gi, rec_v, rec_i,
                     n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR, NTILES,
                     STRICT: tl.constexpr, HAS_Q: tl.constexpr, CP: tl.constexpr,
-                    CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr, WP: tl.constexpr):
+                    CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr, WP: tl.constexpr,
+                    LAST: tl.constexpr):
     """Grid [requests]: greedy / strict acceptance, or (probabilistic) the recovered token of
-    a rejection or the bonus race's winner; writes the padded output row."""
+    a rejection or the bonus race's winner (from the row pass's partials with LAST, else from
+    final_race_kernel's); writes the padded output row. A request without drafts reads no
+    accepted count (with LAST and no drafts anywhere, final_race_kernel is not launched)."""
     b = tl.program_id(0)
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
@@ -676,13 +687,17 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
         tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
         tok = tl.where(greedy, tg, tr)
     else:
-        n = tl.load(n_acc_ptr + b)
+        n = tl.full([], 0, tl.int32)
+        if k_b > 0:
+            n = tl.load(n_acc_ptr + b)
         if n < k_b:
             tok = _recover(logits_ptr, stride, V, q_ptr, drafts_ptr, b, tl.num_programs(0), c0,
                            row0 + n, n, T, tl.load(seed_ptr + b), tl.load(pos_ptr + b) + n,
                            row_stat, tile_sums, NTILES, HAS_Q, TP, BLOCK)
+        elif LAST:                                                       # the bonus race
+            tok, _v = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
         else:
-            tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)     # the bonus race
+            tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)
     cols = tl.arange(0, WP)
     dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
     val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))

@@ -3,7 +3,7 @@
 The semantics (distribution, random numbers, acceptance rules) are documented in
 :mod:`kernels.ref_sampling` and :mod:`kernels.philox`; the kernels are in
 :mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
-``rejection_sample`` 3 (probabilistic) or 2 (strict).
+``rejection_sample`` 3 (probabilistic) or 2 (strict, and plain sampling: no drafts).
 Random numbers: strict verification and draft sampling race every row; probabilistic verification
 races only a bonus row (all drafts accepted) and recovers after a rejection by inverting the
 residual's CDF with one random number (kernels.ref_sampling ``inverse_cdf``). Each Philox4x32-10
@@ -25,7 +25,7 @@ latency-bound on one SM (a split-vocabulary bisection would need one launch per 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -54,7 +54,13 @@ class Tuning:
       (without it every row computes both);
     * ``parallel_accept``: the final race's programs run a request's k accept tests at once
       (without it, one after another: a chain of dependent loads per draft, in every program);
-    * ``recover_unroll``: tiles a rejection's residual pass loads per loop step.
+    * ``recover_unroll``: tiles a rejection's residual pass loads per loop step;
+    * ``last_row_race``: probabilistic verification races each request's bonus row (its last)
+      in the row pass, not after the accept tests, when no request has more drafts than this
+      (-1: never). The same random numbers and tokens either way; the row pass's race costs
+      arithmetic on a row that a rejection leaves unused, the final race's costs a second
+      read of the row. At 0 (the default) it covers plain sampling, where every request
+      has no drafts: one pass over each row and no final race kernel.
     """
 
     block: int = 1024
@@ -66,6 +72,7 @@ class Tuning:
     split: bool = True
     parallel_accept: bool = True
     recover_unroll: int = 4
+    last_row_race: int = 0
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -74,11 +81,16 @@ class Tuning:
                 raise ValueError(f"{name} must be a power of two, got {v}")
         if min(self.row_waves, self.race_waves, self.row_warps, self.race_warps) < 1:
             raise ValueError("waves and warps must be >= 1")
+        if self.last_row_race < -1:
+            raise ValueError(f"last_row_race must be >= -1, got {self.last_row_race}")
 
 
 DEFAULT = Tuning()
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
-LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False)
+LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
+                last_row_race=-1)
+# LEGACY's launch shape with the bonus rows of plain sampling raced in the row pass
+NARROW = replace(LEGACY, last_row_race=0)
 
 # Which tuning a call gets when it names none. Measured on an H100 (2026-11-24, V = 151,936 bf16,
 # `python -m specserve.bench.rejection_sampler --sweep`, CUDA-graph replays): the verification
@@ -92,7 +104,7 @@ FINALIZE_WARPS = 4  # finalize_kernel: a recovery scans one BLOCK-entry tile of 
 
 def verification_tuning(rows: int) -> Tuning:
     """The tuning of a verification over ``rows`` target rows (B (k + 1))."""
-    return DEFAULT if rows >= WIDE_ROWS else LEGACY
+    return DEFAULT if rows >= WIDE_ROWS else NARROW
 
 
 @dataclass(frozen=True)
@@ -204,13 +216,14 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
-              stream: int, has_cu: bool, race: bool, split: bool) -> _Partials:
+              stream: int, has_cu: bool, race: bool, split: bool,
+              last: bool = False) -> _Partials:
     rows, vocab = logits.shape
     part = _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
-        HAS_CU=has_cu, RACE=race, NB=1 << max(9, num_reqs.bit_length()),
+        HAS_CU=has_cu, RACE=race, LAST=last, NB=1 << max(9, num_reqs.bit_length()),
         BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.steps,
         UNROLL=pl.unroll, SPLIT=split, num_warps=pl.num_warps)
     return part
@@ -289,27 +302,29 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     tuning = tuning or verification_tuning(rows)
     pl = plan(vocab, rows, dev, block, chunk, tuning)
     strict = method == "strict"
+    # the bonus rows raced in the row pass (the same tokens; Tuning.last_row_race)
+    last = not strict and width - 1 <= tuning.last_row_race
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
-                     split=tuning.split)
+                     split=tuning.split, last=last)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     cp, tp = _chunks_pad(vocab, pl.block), _chunks_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
     q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
-    if not strict:
+    if not strict and not (last and width == 1):   # no drafts, bonus raced: nothing to do
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, race.rec_v,
             race.rec_i, race.n_acc, race.row_stat, race.tile_sums,
             HAS_Q=has_q, CP=cp, TP=tp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
-            UNROLL=min(tuning.recover_unroll, pr.tiles), num_warps=pr.num_warps)
+            UNROLL=min(tuning.recover_unroll, pr.tiles), LAST=last, num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         logits, logits.stride(0), vocab, cu, drafts, q, params[0], params[4], params[5],
         part.rv, part.ri, part.gv, part.gi, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
         race.tile_sums, out, width, pl.num_chunks, pr.num_chunks, triton.cdiv(vocab, pr.block),
         STRICT=strict, HAS_Q=has_q, CP=cp, CRP=tp, TP=tp, BLOCK=pr.block,
-        WP=triton.next_power_of_2(width), num_warps=FINALIZE_WARPS)
+        WP=triton.next_power_of_2(width), LAST=last, num_warps=FINALIZE_WARPS)
     return out
 
 

@@ -40,18 +40,21 @@ ROW_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", cu_ptr=PI
                row_thr=P32, stream="i32")
 
 
-@pytest.mark.parametrize("has_cu,race,unroll,split", [(True, False, 4, True), (False, True, 4, True),
-                                                     (True, False, 1, False), (False, True, 2, False)])
-def test_row_pass_kernel_compiles(has_cu: bool, race: bool, unroll: int, split: bool) -> None:
+@pytest.mark.parametrize("has_cu,race,last,unroll,split", [
+    (True, False, False, 4, True), (False, True, False, 4, True), (True, False, False, 1, False),
+    (False, True, False, 2, False), (True, False, True, 4, True), (True, False, True, 1, False)])
+def test_row_pass_kernel_compiles(has_cu: bool, race: bool, last: bool, unroll: int,
+                                  split: bool) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
-    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, NB=512,
+    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=has_cu, RACE=race, LAST=last, NB=512,
                                               BLOCK=1024, NT=16, SBLOCK=256, TILES=128 // unroll,
                                               UNROLL=unroll, SPLIT=split))
 
 
-@pytest.mark.parametrize("has_q,parallel,unroll", [(True, True, 4), (False, True, 4), (True, False, 1)])
-def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) -> None:
+@pytest.mark.parametrize("has_q,parallel,unroll,last", [(True, True, 4, False), (False, True, 4, False),
+                                                       (True, False, 1, False), (True, True, 4, True)])
+def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int, last: bool) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
@@ -59,7 +62,7 @@ def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) ->
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
                row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums=P32)
     _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
-                                            KP=16, PARALLEL=parallel, UNROLL=unroll))
+                                            KP=16, PARALLEL=parallel, UNROLL=unroll, LAST=last))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
@@ -69,9 +72,10 @@ def test_finalize_and_draft_kernels_compile() -> None:
                temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
                part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
                tile_sums=P32, out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
-    for strict, has_q in ((False, True), (False, False), (True, False)):
+    for strict, has_q, last in ((False, True, False), (False, False, False), (True, False, False),
+                                (False, True, True)):
         _compile(K.finalize_kernel, sig, dict(V=V, STRICT=strict, HAS_Q=has_q, CP=32, CRP=256,
-                                              TP=256, BLOCK=1024, WP=16), num_warps=4)
+                                              TP=256, BLOCK=1024, WP=16, LAST=last), num_warps=4)
     sig = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
                part_s=P32,
                part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,

@@ -186,6 +186,44 @@ else:
         assert torch.equal(tok, want_tok)
         torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-5)
 
+    @pytest.mark.parametrize("base", [TS.DEFAULT, TS.NARROW], ids=["default", "narrow"])
+    def test_bonus_race_in_the_row_pass_gives_the_same_tokens(base, monkeypatch) -> None:
+        """Tuning.last_row_race moves each request's bonus race from after the accept tests
+        into the row pass; the race, its random numbers and its tokens stay the same. With
+        drafts (all requests' last rows raced early: unfiltered at T == 1 and T != 1, top-k,
+        top-p, min-p and greedy rows, some requests accepting every draft), and for plain
+        sampling (no drafts), where the final race kernel is not launched at all."""
+        from dataclasses import replace
+
+        case = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0)
+        want = R.rejection_sample(*case.args("probabilistic"))
+        bonus = [(want[b] >= 0).sum().item() == k + 1 for b, k in enumerate(KS) if k > 0]
+        assert sum(bonus) >= 2, "some requests must accept every draft: the bonus path bites"
+        for n in (-1, max(KS) - 1, max(KS)):       # never; not for the widest request; always
+            got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK,
+                                      tuning=replace(base, last_row_race=n))
+            assert torch.equal(got, want), f"last_row_race={n}\n{got}\n{want}"
+
+        plain_params = PARAMS + UNFILTERED_T
+        plain = make_verify_case([0] * len(plain_params), plain_params, vocab=300, seed=14,
+                                 scale=2.0)
+        want = R.rejection_sample(*plain.args("probabilistic"))
+        assert torch.equal(TS.rejection_sample(*plain.args("probabilistic"), block=BLOCK,
+                                               tuning=replace(base, last_row_race=-1)), want)
+
+        monkeypatch.setattr(TS.K, "final_race_kernel", _NoLaunch())
+        for chunk in (CHUNK, None):
+            got = TS.rejection_sample(*plain.args("probabilistic"), block=BLOCK, chunk=chunk,
+                                      tuning=replace(base, last_row_race=0))
+            assert torch.equal(got, want), f"\n{got}\n{want}"
+
+    class _NoLaunch:
+        """Stands in for a kernel that must not be launched: any launch fails the test."""
+
+        def __getitem__(self, grid):
+            raise AssertionError(f"final_race_kernel launched (grid {grid}) for plain sampling "
+                                 "with the bonus raced in the row pass")
+
     def test_greedy_drafts_masked_vocabulary_and_wide_output() -> None:
         case = make_verify_case([2, 0, 5], [PARAM_SETS["t1"], PARAM_SETS["t0.8_all"], GREEDY],
                                 vocab=257, seed=13, noise=0.2, greedy_drafts=True,
