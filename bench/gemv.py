@@ -248,6 +248,9 @@ def _line(c: dict, t: float) -> str:
 
 def config_table(cells: list[dict]) -> str:
     """Python source of CONFIG_TABLE: (M, N, K) -> best config, or None where cuBLAS won."""
+    from specserve.kernels.triton_gemv import table_from_cells
+
+    table = table_from_cells(cells)       # what the kernel module makes of this run's cells
     lines = ["CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {"]
     seen = set()
     for c in sorted(cells, key=lambda c: (c["N"], c["K"], c["M"])):
@@ -255,12 +258,9 @@ def config_table(cells: list[dict]) -> str:
         if key in seen:
             continue
         seen.add(key)
-        b = c["best_config"]
-        if b is None or c["best_speedup"] < 1.0:
-            val = "None"
-        else:
-            val = (f"GemvConfig({b['block_n']}, {b['block_k']}, {b['split_k']}, {b['num_warps']}, "
-                   f"{b['num_stages']}, \"{b['mode']}\")")
+        b = table[key]
+        val = "None" if b is None else (f"GemvConfig({b.block_n}, {b.block_k}, {b.split_k}, "
+                                        f"{b.num_warps}, {b.num_stages}, \"{b.mode}\")")
         speed = f"{c['best_speedup']:.2f}x" if c["best_speedup"] else "-"
         lines.append(f"    {key}: {val},  # {c['model']} {c['layer']}, {speed} vs cuBLAS")
     return "\n".join(lines + ["}"])

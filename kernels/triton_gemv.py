@@ -34,12 +34,16 @@ each weight tile once, accumulating in fp32:
   there).
 
 Launch shapes come from :func:`gemv_config` (an explicit table by (M, N, K), no autotuning: the
-kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). Nothing
+kernel runs inside CUDA graph capture, where nothing may be benchmarked or read back). The table
+is the H100's unless the GPU's name picks one of :data:`DEVICE_TABLES`, or ``SPECSERVE_GEMV_TABLE``
+names a bench/gemv.py result to use instead. Nothing
 here reads a device value on the host.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -203,13 +207,70 @@ def _default_config(m: int, n: int, k: int) -> GemvConfig:
     return GemvConfig(cfg.block_n, cfg.block_k, split, cfg.num_warps, cfg.num_stages, cfg.mode)
 
 
-def gemv_config(m: int, n: int, k: int) -> Optional[GemvConfig]:
-    """The launch shape for x [m, k] @ W[n, k].T, or None where cuBLAS is the better choice."""
+# Tables of other GPUs, by a key found in the device's name. A GPU without a table of its own
+# uses CONFIG_TABLE (tuned on an H100). An H200 has as many SMs and as much L2 as an H100, and
+# ~1.4x its copy bandwidth (4.2 against 3.0 TB/s measured).
+DEVICE_TABLES: dict[str, dict[tuple[int, int, int], Optional[GemvConfig]]] = {}
+
+# A gemv.json written by ``python -m specserve.bench.gemv``: its best config per shape replaces
+# the table's for every GPU in the process (tuning a new GPU; an A/B in one device call).
+TABLE_ENV = "SPECSERVE_GEMV_TABLE"
+
+
+def table_from_cells(cells: list[dict]) -> dict[tuple[int, int, int], Optional[GemvConfig]]:
+    """The launch-shape table of bench/gemv.py's cells: the best config per (rows bucket, N, K),
+    None where no config beat cuBLAS (the first cell of a bucket decides, as in its report)."""
+    table: dict[tuple[int, int, int], Optional[GemvConfig]] = {}
+    for c in sorted(cells, key=lambda c: (c["N"], c["K"], c["M"])):
+        key = (_row_bucket(c["M"]), c["N"], c["K"])
+        if key in table:
+            continue
+        b = c.get("best_config")
+        won = b is not None and (c.get("best_speedup") or 0.0) >= 1.0
+        table[key] = GemvConfig(**b) if won else None
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _table_of(device_name: str, override: Optional[str]) -> dict:
+    """The table for a device name (and an override file, if any)."""
+    table = CONFIG_TABLE
+    for key, own in DEVICE_TABLES.items():
+        if key in device_name:
+            table = own
+            break
+    if override:
+        with open(override) as f:
+            table = {**table, **table_from_cells(json.load(f)["cells"])}
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device.index if device.index is not None
+                                      else torch.cuda.current_device())
+
+
+def device_table(device: Optional[torch.device] = None
+                 ) -> dict[tuple[int, int, int], Optional[GemvConfig]]:
+    """The launch-shape table for ``device`` (None: CONFIG_TABLE's device, the H100), with the
+    :data:`TABLE_ENV` file's entries over it when that variable is set."""
+    name = "" if device is None else _device_name(device)
+    return _table_of(name, os.environ.get(TABLE_ENV) or None)
+
+
+def gemv_config(m: int, n: int, k: int,
+                device: Optional[torch.device] = None) -> Optional[GemvConfig]:
+    """The launch shape for x [m, k] @ W[n, k].T on ``device`` (:func:`device_table`), or None
+    where cuBLAS is the better choice."""
     if m < 1 or m > MAX_ROWS:
         return None
     key = (_row_bucket(m), n, k)
-    if key in CONFIG_TABLE:
-        return CONFIG_TABLE[key]
+    table = device_table(device)
+    if key in table:
+        return table[key]
     return _default_config(m, n, k)
 
 
@@ -447,7 +508,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """
     n, k = weight.shape
     m = x.numel() // k if k else 0
-    cfg = config if config is not None else gemv_config(m, n, k)
+    cfg = config if config is not None else gemv_config(m, n, k, weight.device)
     if not _takes(cfg, m, k) or not _launchable(x, weight, bias, k):
         return F.linear(x, weight, bias)
     return _launch(_rows(x, m), weight, bias, cfg, silu_mul=False).reshape(*x.shape[:-1], n)
@@ -467,7 +528,7 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: Optional[
     """
     n, k = weight.shape
     m = gate_up.numel() // (2 * k) if k else 0
-    cfg = config if config is not None else gemv_config(m, n, k)
+    cfg = config if config is not None else gemv_config(m, n, k, weight.device)
     if not _takes(cfg, m, k) or not _launchable(gate_up, weight, bias, 2 * k):
         return None
     return _launch(_rows(gate_up, m), weight, bias, cfg, silu_mul=True).reshape(
@@ -494,7 +555,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     m = x.numel() // k if k else 0
     if config is None and (m != 1 or (n, k) not in NORM_PROLOGUE_SHAPES):
         return None                      # the two ops are faster there (NORM_PROLOGUE_SHAPES)
-    cfg = config if config is not None else gemv_config(m, n, k)
+    cfg = config if config is not None else gemv_config(m, n, k, weight.device)
     if (not _takes(cfg, m, k) or not _launchable(x, weight, bias, k)
             or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
                                           or residual.device != x.device))

@@ -3,7 +3,7 @@
 * the cases of tests/kernels/_triton_gemv_interp.py run in a subprocess with TRITON_INTERPRET=1
   (it must be set before Triton kernel modules are imported and must not leak into this process);
 * ``--no-gemv`` (EngineConfig.gemv) turns the kernel off, the config table caps the rows and
-  obeys its entries;
+  obeys its entries, a GPU with a table of its own gets it, a bench/gemv.py sweep can replace it;
 * the kernels compile for an H100 (sm_90) with Triton's bundled ptxas at the bench's launch
   shapes: the interpreter cannot see GPU code generation (layouts of the 3-D product, registers).
 """
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 
@@ -80,6 +81,40 @@ def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (dict(block_n=24), dict(mode="fast"), dict(mode="dot", block_n=8)):
         with pytest.raises(ValueError):
             G.GemvConfig(**bad)
+
+
+def test_tables_per_gpu_and_from_a_gemv_sweep(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A GPU whose name holds a DEVICE_TABLES key gets that table, any other the H100's; a
+    gemv.json of bench/gemv.py named by SPECSERVE_GEMV_TABLE lays its best configs over it
+    (None where cuBLAS won), and shapes it does not name keep the table's entry."""
+    import json
+
+    from specserve.kernels import triton_gemv as G
+
+    own = {(1, 1024, 2048): G.GemvConfig(block_n=8, block_k=256, num_stages=5)}
+    monkeypatch.setattr(G, "DEVICE_TABLES", {"H200": own})
+    monkeypatch.delenv(G.TABLE_ENV, raising=False)
+    G._table_of.cache_clear()
+    assert G._table_of("NVIDIA H200", None) is own
+    assert G._table_of("NVIDIA H100 80GB HBM3", None) is G.CONFIG_TABLE
+    assert G.device_table(torch.device("cpu")) is G.CONFIG_TABLE
+    assert G.gemv_config(1, 1024, 2048) is G.CONFIG_TABLE[(1, 1024, 2048)]
+
+    best = dict(block_n=16, block_k=256, split_k=2, num_warps=4, num_stages=4, mode="late")
+    cells = [dict(M=1, N=1024, K=2048, best_config=best, best_speedup=1.3),
+             dict(M=2, N=1024, K=2048, best_config=best, best_speedup=1.2),     # bucket 2
+             dict(M=8, N=1024, K=2048, best_config=best, best_speedup=0.9)]     # cuBLAS won
+    path = tmp_path / "gemv.json"
+    path.write_text(json.dumps({"cells": cells}))
+    monkeypatch.setenv(G.TABLE_ENV, str(path))
+    G._table_of.cache_clear()
+    try:
+        assert G.gemv_config(1, 1024, 2048) == G.GemvConfig(**best)
+        assert G.gemv_config(8, 1024, 2048) is None
+        assert G.gemv_config(4, 1024, 2048) is G.CONFIG_TABLE[(4, 1024, 2048)]
+        assert G._table_of("NVIDIA H200", str(path))[(1, 1024, 2048)] == G.GemvConfig(**best)
+    finally:
+        G._table_of.cache_clear()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for the GPU")
