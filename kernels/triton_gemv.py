@@ -207,10 +207,33 @@ def _default_config(m: int, n: int, k: int) -> GemvConfig:
     return GemvConfig(cfg.block_n, cfg.block_k, split, cfg.num_warps, cfg.num_stages, cfg.mode)
 
 
+# One row on an H200 (H200_ONE_ROW): the best config per cell of `python -m specserve.bench.gemv
+# --ms 1 --grid wide` on an H200, 2026-11-27 (docs/bench-h200/gemv-table), speedup over cuBLAS
+# in the comment. An H200 has as many SMs and as much L2 as an H100 and ~1.4x its copy bandwidth
+# (4.2 against 3.0 TB/s): wider column blocks and deeper pipelines keep more bytes in flight.
+# With it the Qwen3-8B-like batch-1 step went from 4.68 to 4.38 ms in one call (76.5% -> 81.6%
+# of the roofline in the bench). 2-8 rows keep the H100's entries.
+H200_ONE_ROW: dict[tuple[int, int, int], Optional[GemvConfig]] = {
+    (1, 1024, 2048): GemvConfig(4, 512, 1, 4, 4, "late"),  # 0.6B o, 3.51x
+    (1, 1024, 3072): GemvConfig(4, 512, 1, 4, 4, "late"),  # 0.6B down, 1.77x
+    (1, 4096, 1024): GemvConfig(8, 256, 1, 4, 3, "late"),  # 0.6B qkv, 1.09x
+    (1, 4096, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # 8B o, 1.24x
+    (1, 4096, 12288): GemvConfig(8, 512, 1, 4, 3, "late"),  # Qwen3-8B down, 1.20x
+    (1, 4096, 14336): GemvConfig(16, 512, 1, 4, 3, "late"),  # Llama-3-8B down, 1.08x
+    (1, 6144, 1024): None,  # 0.6B gate_up, 1.00x
+    (1, 6144, 4096): GemvConfig(16, 256, 1, 4, 4, "late"),  # 8B qkv, 1.03x
+    (1, 24576, 4096): None,  # Qwen3-8B gate_up, 0.98x
+    (1, 28672, 4096): GemvConfig(8, 512, 1, 4, 3, "late"),  # Llama-3-8B gate_up, 1.06x
+    (1, 128256, 4096): GemvConfig(16, 256, 1, 4, 4, "late"),  # Llama-3-8B lm_head, 1.04x
+    (1, 151936, 1024): GemvConfig(16, 512, 1, 4, 3, "late"),  # 0.6B lm_head, 1.04x
+    (1, 151936, 4096): GemvConfig(16, 256, 1, 4, 4, "late"),  # Qwen3-8B lm_head, 1.05x
+}
+
 # Tables of other GPUs, by a key found in the device's name. A GPU without a table of its own
-# uses CONFIG_TABLE (tuned on an H100). An H200 has as many SMs and as much L2 as an H100, and
-# ~1.4x its copy bandwidth (4.2 against 3.0 TB/s measured).
-DEVICE_TABLES: dict[str, dict[tuple[int, int, int], Optional[GemvConfig]]] = {}
+# uses CONFIG_TABLE (tuned on an H100).
+DEVICE_TABLES: dict[str, dict[tuple[int, int, int], Optional[GemvConfig]]] = {
+    "H200": {**CONFIG_TABLE, **H200_ONE_ROW},
+}
 
 # A gemv.json written by ``python -m specserve.bench.gemv``: its best config per shape replaces
 # the table's for every GPU in the process (tuning a new GPU; an A/B in one device call).

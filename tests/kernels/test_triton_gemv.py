@@ -117,6 +117,20 @@ def test_tables_per_gpu_and_from_a_gemv_sweep(monkeypatch: pytest.MonkeyPatch, t
         G._table_of.cache_clear()
 
 
+def test_the_h200_table_is_its_recorded_sweep() -> None:
+    """DEVICE_TABLES["H200"] is the H100 table with its one-row entries replaced by the sweep
+    committed beside the H200 bench (docs/bench-h200/gemv-table/gemv.json), entry for entry."""
+    import json
+
+    from specserve.kernels import triton_gemv as G
+
+    cells = json.loads((REPO / "docs/bench-h200/gemv-table/gemv.json").read_text())["cells"]
+    swept = G.table_from_cells(cells)
+    assert swept == G.H200_ONE_ROW
+    assert G.DEVICE_TABLES["H200"] == {**G.CONFIG_TABLE, **swept}
+    assert sum(v is None for v in swept.values()) == 2          # cuBLAS won two shapes
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles for the GPU")
 @pytest.mark.parametrize("block_m,block_n,block_k,split,mode,stages,warps,prologue", [
     (1, 4, 512, 1, "late", 3, 4, None),      # batch 1: the default
