@@ -134,15 +134,14 @@ def _one_hot(idx: torch.Tensor, v: int) -> torch.Tensor:
 
 
 def _race_scores(score, n: int, v: int, seeds: torch.Tensor, positions: torch.Tensor,
-                 stream: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+                 stream: int, device: torch.device) -> torch.Tensor:
     """argmax_i score(rows, u)[i] per row, with ``u = U(seed, pos, stream, i)`` drawn for blocks
     of rows (``score(s, u)`` gets the row slice ``s`` and u [rows, V]). Returns [N] int64."""
     rows = max(1, _RACE_CHUNK_ELEMS // max(v, 1))
     out = []
     for s in range(0, n, rows):
         sl = slice(s, s + rows)
-        st = stream[sl] if isinstance(stream, torch.Tensor) else stream
-        u = uniform_prefix(seeds[sl], positions[sl], st, v)                  # [rows, V]
+        u = uniform_prefix(seeds[sl], positions[sl], stream, v)              # [rows, V]
         out.append(torch.argmax(score(sl, u), dim=1))
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=device)
@@ -150,11 +149,10 @@ def _race_scores(score, n: int, v: int, seeds: torch.Tensor, positions: torch.Te
 
 
 def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-         stream: int | torch.Tensor) -> torch.Tensor:
+         stream: int) -> torch.Tensor:
     """Exponential race: ``argmax_i (log_weights_i - log(-log U(seed, pos, stream, i)))``.
 
-    log_weights: [N, V] fp32 (``-inf`` = excluded); seeds, positions (a per-row stream): [N].
-    Returns [N] int64.
+    log_weights: [N, V] fp32 (``-inf`` = excluded); seeds, positions: [N]. Returns [N] int64.
     """
     n, v = log_weights.shape
     return _race_scores(lambda sl, u: log_weights[sl] - neg_log_exponential(u), n, v, seeds,
@@ -206,8 +204,11 @@ def recover(weights: torch.Tensor, residual: torch.Tensor, u: torch.Tensor) -> t
     return inverse_cdf(torch.where(empty, weights, residual), u)
 
 
-def _masked_x(d: RowDist) -> torch.Tensor:
-    return torch.where(d.keep, d.x, float("-inf"))
+def _masked_x(d: RowDist, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x with the filtered-out entries at -inf (the races' log-weights), of ``rows`` or all."""
+    if rows is None:
+        return torch.where(d.keep, d.x, float("-inf"))
+    return torch.where(d.keep[rows], d.x[rows], float("-inf"))
 
 
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -380,10 +381,9 @@ def _recovered(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch
     return recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
 
 
-def _bonus(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch.Tensor],
-           lay: _Layout, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """The bonus token at rows ``sel`` (every draft accepted): the race over p ([n] int64)."""
-    return race(torch.where(d.keep[sel], d.x[sel], float("-inf")), seeds, pos, SAMPLE)
+    return race(_masked_x(d, sel), seeds, pos, SAMPLE)
 
 
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
@@ -399,13 +399,15 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
         rejected = n_acc < lay.k
         if logits.device.type == "cpu":   # a host read is free: each row draws only its own token
             tok = torch.zeros_like(n_acc)
-            for rows, draw in ((rejected.nonzero().squeeze(1), _recovered),
-                               ((~rejected).nonzero().squeeze(1), _bonus)):
-                if rows.numel():
-                    tok[rows] = draw(d, sel[rows], x, q, lay, seeds[rows], pos[rows])
+            rows = rejected.nonzero().squeeze(1)
+            if rows.numel():
+                tok[rows] = _recovered(d, sel[rows], x, q, lay, seeds[rows], pos[rows])
+            rows = (~rejected).nonzero().squeeze(1)
+            if rows.numel():
+                tok[rows] = _bonus(d, sel[rows], seeds[rows], pos[rows])
         else:
             tok = torch.where(rejected, _recovered(d, sel, x, q, lay, seeds, pos),
-                              _bonus(d, sel, x, q, lay, seeds, pos))
+                              _bonus(d, sel, seeds, pos))
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 
