@@ -60,7 +60,9 @@ def candidates(m: int, n: int, k: int, grid: str) -> list:
     """Configs to time for one cell: the kernel's own choice first, then a grid around it."""
     from specserve.kernels.triton_gemv import GemvConfig, gemv_config
 
-    out = [gemv_config(m, n, k)]
+    import torch
+
+    out = [gemv_config(m, n, k, torch.device("cuda") if grid != "cpu" else None)]   # this GPU's table
     if grid == "cpu":                      # interpreter smoke run: the kernel's own choice only
         return [c for c in out if c is not None]
     wide = grid == "wide"

@@ -25,8 +25,9 @@ bandwidth. Writes ``<out>.json`` and ``<out>.md``.
 
 Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   every target row read once ............................. B (k + 1) V e
-  probabilistic: the one raced row per request read again (the rejected row or the bonus
-  row; usually an L2 hit, counted anyway) ................ B V e
+  probabilistic: the one raced row per request read again (the rejected row, or the bonus
+  row unless the row pass raced it, Tuning.last_row_race; usually an L2 hit, counted
+  anyway) ................................................ B V e (or n_rej V e)
   and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
   a rejection's recovery: the per-tile sums (2 per tile of the plan's block, written and read)
   and one tile of the rejected row's logits and draft probs read again (small)
@@ -192,8 +193,9 @@ def run(args: argparse.Namespace) -> dict:
             n_tok = (out >= 0).sum(1)
             n_rej = int((n_tok <= k).sum())                  # requests that stopped at a rejection
             dev = torch.device(args.device)
-            pl = TS.plan(args.vocab, b * (k + 1), dev, args.block, args.chunk)
-            pr = TS.plan(args.vocab, b, dev, args.block, args.chunk)
+            tuning = TS.verification_tuning(b * (k + 1))     # what the call runs
+            pl = TS.plan(args.vocab, b * (k + 1), dev, args.block, args.chunk, tuning)
+            pr = TS.race_plan(args.vocab, b, dev, args.block, args.chunk, tuning)
             ms = timer(call)
             dev_ms = None
             if args.device == "cuda":    # device-resident draft counts: no host copy, capturable
@@ -202,7 +204,6 @@ def run(args: argparse.Namespace) -> dict:
                     x["target"], cu_dev, x["drafts"], x["q"], *x["params"], x["seeds"],
                     x["positions"], args.method, k, block=args.block, chunk=args.chunk))
             t_ms = dev_ms if dev_ms is not None else ms
-            tuning = TS.verification_tuning(b * (k + 1))     # what the call above ran
             nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
                                         pr.num_chunks, args.method, x["q"] is not None, pr.block,
                                         bonus_in_row_pass=k <= tuning.last_row_race)

@@ -210,9 +210,11 @@ def _default_config(m: int, n: int, k: int) -> GemvConfig:
 # One row on an H200 (H200_ONE_ROW): the best config per cell of `python -m specserve.bench.gemv
 # --ms 1 --grid wide` on an H200, 2026-11-27 (docs/bench-h200/gemv-table), speedup over cuBLAS
 # in the comment. An H200 has as many SMs and as much L2 as an H100 and ~1.4x its copy bandwidth
-# (4.2 against 3.0 TB/s): wider column blocks and deeper pipelines keep more bytes in flight.
-# With it the Qwen3-8B-like batch-1 step went from 4.68 to 4.38 ms in one call (76.5% -> 81.6%
-# of the roofline in the bench). 2-8 rows keep the H100's entries.
+# (4.2 against 3.0 TB/s). With it the Qwen3-8B-like batch-1 step went from 4.68 to 4.38 ms in
+# one call (76.5% -> 81.6% of the roofline in the bench). The sweep times plain linears; their
+# gains add up to ~0.09 ms of that step. Most of the rest likely comes from its gate_up going to
+# cuBLAS, which also unfuses that layer's RMSNorm prologue (NORM_PROLOGUE_SHAPES): not isolated
+# yet. 2-8 rows keep the H100's entries.
 H200_ONE_ROW: dict[tuple[int, int, int], Optional[GemvConfig]] = {
     (1, 1024, 2048): GemvConfig(4, 512, 1, 4, 4, "late"),  # 0.6B o, 3.51x
     (1, 1024, 3072): GemvConfig(4, 512, 1, 4, 4, "late"),  # 0.6B down, 1.77x
@@ -229,8 +231,9 @@ H200_ONE_ROW: dict[tuple[int, int, int], Optional[GemvConfig]] = {
     (1, 151936, 4096): GemvConfig(16, 256, 1, 4, 4, "late"),  # Qwen3-8B lm_head, 1.05x
 }
 
-# Tables of other GPUs, by a key found in the device's name. A GPU without a table of its own
-# uses CONFIG_TABLE (tuned on an H100).
+# Tables of other GPUs, by a key found in the device's name ("H200" also matches a GH200, whose
+# HBM3e parts have H200-class bandwidth). A GPU without a table of its own uses CONFIG_TABLE
+# (tuned on an H100).
 DEVICE_TABLES: dict[str, dict[tuple[int, int, int], Optional[GemvConfig]]] = {
     "H200": {**CONFIG_TABLE, **H200_ONE_ROW},
 }
@@ -268,7 +271,6 @@ def _table_of(device_name: str, override: Optional[str]) -> dict:
     return table
 
 
-@functools.lru_cache(maxsize=None)
 def _device_name(device: torch.device) -> str:
     if device.type != "cuda":
         return device.type
@@ -276,12 +278,21 @@ def _device_name(device: torch.device) -> str:
                                       else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=None)
 def device_table(device: Optional[torch.device] = None
                  ) -> dict[tuple[int, int, int], Optional[GemvConfig]]:
     """The launch-shape table for ``device`` (None: CONFIG_TABLE's device, the H100), with the
-    :data:`TABLE_ENV` file's entries over it when that variable is set."""
+    :data:`TABLE_ENV` file's entries over it when that variable is set. Looked up once per
+    device (every linear asks: an environment read per call cost ~2 us of host time);
+    :func:`clear_table_cache` forgets the lookups."""
     name = "" if device is None else _device_name(device)
     return _table_of(name, os.environ.get(TABLE_ENV) or None)
+
+
+def clear_table_cache() -> None:
+    """Look the tables up again (after DEVICE_TABLES or the TABLE_ENV variable changed)."""
+    device_table.cache_clear()
+    _table_of.cache_clear()
 
 
 def gemv_config(m: int, n: int, k: int,

@@ -14,9 +14,10 @@ from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see
 
 Bytes read per verification step (V-wide rows, logits in their own dtype):
 every target row once (all chunks of a row together read it once), plus, for probabilistic
-verification, the deciding row's logits again (the rejected or the bonus row; usually from L2)
-and the rejected row's draft-prob row (fp32), then one tile of both again (the recovery's
-search); draft-prob rows of accepted tokens are read at one element each. Top-k / top-p rows
+verification, the deciding row's logits again (the rejected row, or the bonus row unless the
+row pass raced it: ``Tuning.last_row_race``, plain sampling by default) and the rejected row's
+draft-prob row (fp32), then one tile of both again (the recovery's search); draft-prob rows of
+accepted tokens are read at one element each. Top-k / top-p rows
 add one read per bisection pass (about 8 per filter with NT = 16; passes after the first two
 mostly just stream), done by one program per row: at small batch sizes a filtered row is
 latency-bound on one SM (a split-vocabulary bisection would need one launch per pass).
@@ -365,7 +366,8 @@ def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
                 t, tiles = row_keys[rows]
                 if (reqs, t) not in race:
                     race[(reqs, t)] = race_plan(vocab, reqs, device, tuning=t).tiles
-                key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1))
+                last = k <= t.last_row_race          # the bonus race's kernel variants
+                key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1), last)
                 first.setdefault(key, (reqs, rows, k))
     return _representative_rows(vocab, max_reqs, device), sorted(first.values())
 

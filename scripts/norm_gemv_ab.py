@@ -44,7 +44,9 @@ def main() -> None:
                 return triton_gemv.linear(normed, w)
 
             def fused():
-                cfg = triton_gemv.gemv_config(m, n, k)      # the kernel, even where it is off
+                # this GPU's config, the kernel even where the table sends the shape to cuBLAS
+                cfg = (triton_gemv.gemv_config(m, n, k, w.device)
+                       or triton_gemv._default_config(m, n, k))
                 return triton_gemv.add_rms_norm_linear(x, res, g, 1e-6, w, config=cfg)[0]
 
             want, got = two().float(), fused().float()

@@ -83,18 +83,27 @@ def test_config_table_policy(monkeypatch: pytest.MonkeyPatch) -> None:
             G.GemvConfig(**bad)
 
 
-def test_tables_per_gpu_and_from_a_gemv_sweep(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+@pytest.fixture
+def fresh_tables(monkeypatch: pytest.MonkeyPatch):
+    """No SPECSERVE_GEMV_TABLE, and the table lookups forgotten before and after the test."""
+    from specserve.kernels import triton_gemv as G
+
+    monkeypatch.delenv(G.TABLE_ENV, raising=False)
+    G.clear_table_cache()
+    yield G
+    G.clear_table_cache()
+
+
+def test_tables_per_gpu_and_from_a_gemv_sweep(fresh_tables, monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path) -> None:
     """A GPU whose name holds a DEVICE_TABLES key gets that table, any other the H100's; a
     gemv.json of bench/gemv.py named by SPECSERVE_GEMV_TABLE lays its best configs over it
     (None where cuBLAS won), and shapes it does not name keep the table's entry."""
     import json
 
-    from specserve.kernels import triton_gemv as G
-
+    G = fresh_tables
     own = {(1, 1024, 2048): G.GemvConfig(block_n=8, block_k=256, num_stages=5)}
     monkeypatch.setattr(G, "DEVICE_TABLES", {"H200": own})
-    monkeypatch.delenv(G.TABLE_ENV, raising=False)
-    G._table_of.cache_clear()
     assert G._table_of("NVIDIA H200", None) is own
     assert G._table_of("NVIDIA H100 80GB HBM3", None) is G.CONFIG_TABLE
     assert G.device_table(torch.device("cpu")) is G.CONFIG_TABLE
@@ -107,14 +116,39 @@ def test_tables_per_gpu_and_from_a_gemv_sweep(monkeypatch: pytest.MonkeyPatch, t
     path = tmp_path / "gemv.json"
     path.write_text(json.dumps({"cells": cells}))
     monkeypatch.setenv(G.TABLE_ENV, str(path))
-    G._table_of.cache_clear()
-    try:
-        assert G.gemv_config(1, 1024, 2048) == G.GemvConfig(**best)
-        assert G.gemv_config(8, 1024, 2048) is None
-        assert G.gemv_config(4, 1024, 2048) is G.CONFIG_TABLE[(4, 1024, 2048)]
-        assert G._table_of("NVIDIA H200", str(path))[(1, 1024, 2048)] == G.GemvConfig(**best)
-    finally:
-        G._table_of.cache_clear()
+    G.clear_table_cache()
+    assert G.gemv_config(1, 1024, 2048) == G.GemvConfig(**best)
+    assert G.gemv_config(8, 1024, 2048) is None
+    assert G.gemv_config(4, 1024, 2048) is G.CONFIG_TABLE[(4, 1024, 2048)]
+    assert G._table_of("NVIDIA H200", str(path))[(1, 1024, 2048)] == G.GemvConfig(**best)
+
+
+def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear, silu_mul_linear and add_rms_norm_linear take their launch shape from the table
+    of the weight's device: a device named like an H200 whose table sends the shape to cuBLAS
+    gets no kernel launch (the launch is recorded, not run: this is a CPU test)."""
+    G = fresh_tables
+    launched = []
+
+    def record(x2, weight, bias, cfg, silu_mul, norm=None):
+        launched.append(cfg)
+        return torch.zeros(x2.shape[0], weight.shape[0], dtype=x2.dtype)
+
+    monkeypatch.setattr(G, "_launch", record)
+    n, k = 4096, 1024                       # in NORM_PROLOGUE_SHAPES: add_rms_norm_linear fuses it
+    w, x = torch.randn(n, k), torch.randn(1, k)
+    calls = (lambda: G.linear(x, w), lambda: G.silu_mul_linear(torch.randn(1, 2 * k), w),
+             lambda: G.add_rms_norm_linear(x, x, torch.ones(k), 1e-6, w))
+    for call in calls:
+        call()
+    assert launched == [G.CONFIG_TABLE[(1, n, k)]] * 3      # the CPU's table: the H100's
+    launched.clear()
+    monkeypatch.setattr(G, "DEVICE_TABLES", {"H200": {(1, n, k): None}})
+    monkeypatch.setattr(G, "_device_name", lambda device: "NVIDIA H200")
+    G.clear_table_cache()
+    assert isinstance(calls[0](), torch.Tensor) and calls[1]() is None and calls[2]() is None
+    assert launched == []                   # cuBLAS (linear) or "not taken" (the fused two)
 
 
 def test_the_h200_table_is_its_recorded_sweep() -> None:

@@ -199,7 +199,7 @@ else:
         want = R.rejection_sample(*case.args("probabilistic"))
         bonus = [(want[b] >= 0).sum().item() == k + 1 for b, k in enumerate(KS) if k > 0]
         assert sum(bonus) >= 2, "some requests must accept every draft: the bonus path bites"
-        for n in (-1, max(KS) - 1, max(KS)):       # never; not for the widest request; always
+        for n in (-1, max(KS), 2 * max(KS)):      # never; the widest call exactly; beyond it
             got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK,
                                       tuning=replace(base, last_row_race=n))
             assert torch.equal(got, want), f"last_row_race={n}\n{got}\n{want}"
@@ -299,14 +299,15 @@ else:
 
         def variant(reqs: int, k: int, rows: int) -> tuple:
             """What a verification compiles for: its tuning (chosen by its row count), the row
-            pass's and the final race's loop bounds under it, and the output width."""
+            pass's and the final race's loop bounds under it, the output width, and whether the
+            row pass races the bonus rows (Tuning.last_row_race)."""
             if rows not in row_key:
                 t = TS.verification_tuning(rows)
                 row_key[rows] = (t, TS.plan(vocab, rows, dev, tuning=t).tiles)
             t, tiles = row_key[rows]
             if (reqs, t) not in race:
                 race[(reqs, t)] = TS.race_plan(vocab, reqs, dev, tuning=t).tiles
-            return (t, tiles, race[(reqs, t)], 1 << k.bit_length())
+            return (t, tiles, race[(reqs, t)], 1 << k.bit_length(), k <= t.last_row_race)
 
         # every batch: B requests whose widest has k drafts verify B + k .. B (k + 1) rows (the
         # others may draft fewer, near their max_tokens)
