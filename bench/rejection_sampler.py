@@ -208,8 +208,10 @@ def run(args: argparse.Namespace) -> dict:
                                         pr.num_chunks, args.method, x["q"] is not None, pr.block,
                                         bonus_in_row_pass=k <= tuning.last_row_race)
             vb = vllm_mrv2_bytes(b, k, args.vocab)
-            d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],
-                                                 x["positions"], True))
+            d_ms = None                  # no drafts (k = 0): no draft rows to sample
+            if k:
+                d_ms = timer(lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"],
+                                                     x["seeds"], x["positions"], True))
             rows_out.append(dict(
                 B=b, k=k, V=args.vocab, dtype=args.dtype, method=args.method,
                 draft_probs=x["q"] is not None, median_ms=ms, device_ms=dev_ms, bytes=nbytes,
@@ -438,7 +440,8 @@ def markdown(res: dict) -> str:
             f"{r['gbps']:.0f} | {100 * r['frac_copy_bw']:.0f} | {r['roofline_ms']:.4f} | "
             f"{r['vllm_mrv2_bytes'] / 1e6:.1f} | {r['vllm_mrv2_roofline_ms']:.4f} | "
             f"{r['bytes_ratio_vs_vllm']:.2f} | {r['mean_accepted']:.2f} | "
-            f"{r['sample_draft_ms']:.4f} |" for r in res["results"]]
+            f"{'–' if r['sample_draft_ms'] is None else format(r['sample_draft_ms'], '.4f')} |"
+            for r in res["results"]]
     return head + "\n".join(rows) + "\n"
 
 
