@@ -60,11 +60,11 @@ def candidates(m: int, n: int, k: int, grid: str) -> list:
     """Configs to time for one cell: the kernel's own choice first, then a grid around it."""
     from specserve.kernels.triton_gemv import GemvConfig, gemv_config
 
+    if grid == "cpu":                      # interpreter smoke run: the kernel's own choice only
+        return [c for c in [gemv_config(m, n, k)] if c is not None]
     import torch
 
-    out = [gemv_config(m, n, k, torch.device("cuda") if grid != "cpu" else None)]   # this GPU's table
-    if grid == "cpu":                      # interpreter smoke run: the kernel's own choice only
-        return [c for c in out if c is not None]
+    out = [gemv_config(m, n, k, torch.device("cuda"))]   # this GPU's table
     wide = grid == "wide"
     stages = (3, 4) if wide else (3,)
     if m <= (4 if wide else 2):            # CUDA cores: one row, and a few more if --grid wide

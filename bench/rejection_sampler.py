@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> dict:
             t_ms = dev_ms if dev_ms is not None else ms
             nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
                                         pr.num_chunks, args.method, x["q"] is not None, pr.block,
-                                        bonus_in_row_pass=k <= tuning.last_row_race)
+                                        bonus_in_row_pass=tuning.races_bonus_in_row_pass(k))
             vb = vllm_mrv2_bytes(b, k, args.vocab)
             d_ms = None                  # no drafts (k = 0): no draft rows to sample
             if k:
@@ -346,7 +346,7 @@ def sweep(args: argparse.Namespace) -> dict:
             pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
             nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
                                     pr.num_chunks, args.method, x["q"] is not None, pr.block,
-                                    bonus_in_row_pass=k <= tuning.last_row_race)
+                                    bonus_in_row_pass=tuning.races_bonus_in_row_pass(k))
             kernels = None
             if args.device == "cuda" and prio == 0:      # where the time goes, per pass
                 kernels = kernel_us(lambda: TS.rejection_sample(  # noqa: E731

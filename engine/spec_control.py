@@ -38,6 +38,7 @@ and adapt freely.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -428,7 +429,7 @@ class _RecentMedian:
     among 4.6 ms steps, H100) raised k = 3's cell by 20%, the controller went back to k = 0 and
     held it for 35 steps where k = 3 ran 1.13x faster, and the stale cell was never measured
     again. In the median of nine they change nothing; a real change in cost shows after five
-    steps. (``add``'s rate is the EMA's interface, unused.)"""
+    steps."""
 
     WINDOW = 9
 
@@ -437,12 +438,10 @@ class _RecentMedian:
         self.count = 0
         self.value = 0.0
 
-    def add(self, x: float, rate: float = 0.0) -> None:
+    def add(self, x: float) -> None:
         self.count += 1
         self.recent.append(x)
-        ordered = sorted(self.recent)
-        n = len(ordered)
-        self.value = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        self.value = statistics.median(self.recent)
 
 
 class CostModel:

@@ -204,10 +204,8 @@ def recover(weights: torch.Tensor, residual: torch.Tensor, u: torch.Tensor) -> t
     return inverse_cdf(torch.where(empty, weights, residual), u)
 
 
-def _masked_x(d: RowDist, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x with the filtered-out entries at -inf (the races' log-weights), of ``rows`` or all."""
-    if rows is None:
-        return torch.where(d.keep, d.x, float("-inf"))
+def _masked_x(d: RowDist, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+    """x with the filtered-out entries at -inf (the races' log-weights), of ``rows`` (all)."""
     return torch.where(d.keep[rows], d.x[rows], float("-inf"))
 
 

@@ -257,9 +257,9 @@ def table_from_cells(cells: list[dict]) -> dict[tuple[int, int, int], Optional[G
     return table
 
 
-@functools.lru_cache(maxsize=None)
 def _table_of(device_name: str, override: Optional[str]) -> dict:
-    """The table for a device name (and an override file, if any)."""
+    """The table for a device name (and an override file, if any); :func:`device_table`
+    keeps what it returns."""
     table = CONFIG_TABLE
     for key, own in DEVICE_TABLES.items():
         if key in device_name:
@@ -292,7 +292,6 @@ def device_table(device: Optional[torch.device] = None
 def clear_table_cache() -> None:
     """Look the tables up again (after DEVICE_TABLES or the TABLE_ENV variable changed)."""
     device_table.cache_clear()
-    _table_of.cache_clear()
 
 
 def gemv_config(m: int, n: int, k: int,

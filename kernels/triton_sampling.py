@@ -85,6 +85,11 @@ class Tuning:
         if self.last_row_race < -1:
             raise ValueError(f"last_row_race must be >= -1, got {self.last_row_race}")
 
+    def races_bonus_in_row_pass(self, max_drafts: int) -> bool:
+        """Whether a probabilistic verification whose widest request has ``max_drafts`` drafts
+        races the bonus rows in the row pass (``last_row_race``)."""
+        return max_drafts <= self.last_row_race
+
 
 DEFAULT = Tuning()
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
@@ -304,7 +309,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     pl = plan(vocab, rows, dev, block, chunk, tuning)
     strict = method == "strict"
     # the bonus rows raced in the row pass (the same tokens; Tuning.last_row_race)
-    last = not strict and width - 1 <= tuning.last_row_race
+    last = not strict and tuning.races_bonus_in_row_pass(width - 1)
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
                      split=tuning.split, last=last)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
@@ -366,7 +371,7 @@ def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
                 t, tiles = row_keys[rows]
                 if (reqs, t) not in race:
                     race[(reqs, t)] = race_plan(vocab, reqs, device, tuning=t).tiles
-                last = k <= t.last_row_race          # the bonus race's kernel variants
+                last = t.races_bonus_in_row_pass(k)  # the bonus race's kernel variants
                 key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1), last)
                 first.setdefault(key, (reqs, rows, k))
     return _representative_rows(vocab, max_reqs, device), sorted(first.values())
