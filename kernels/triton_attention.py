@@ -136,10 +136,35 @@ def _paged_attention_kernel(
     PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context."""
+    attend_program(
+        tl.program_id(0), tl.num_programs(0), tl.program_id(1), tl.program_id(2),
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr,
+        seq_lens_ptr, ws_acc_ptr, ws_ml_ptr, scale, num_reqs, num_tokens,
+        stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+        stride_vb, stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_bt,
+        NUM_Q_HEADS, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE, BLOCK_Q, BLOCK_N, NUM_SPLITS,
+        PRECISION, WHILE_LOOP)
+
+
+@triton.jit
+def attend_program(
+    tile, num_tiles, kv_head, split,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    ws_acc_ptr, ws_ml_ptr,
+    scale, num_reqs, num_tokens,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_bt,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+):
+    """The work of one (query tile, KV head, split) of the kernel above, as a function: the
+    kernel's programs call it once, the persistent decoder layer (triton_decoder_layer) once per
+    work item it takes."""
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     offs_m = tl.arange(0, BLOCK_M)
     head_in_group = offs_m % GROUP_PAD
     head = kv_head * GROUP + head_in_group                      # [BLOCK_M] query head
@@ -147,15 +172,37 @@ def _paged_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     if NUM_SPLITS == 1:             # with splits the merge kernel writes the padding rows
         _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, tile,
-                           tl.num_programs(0), head, head_in_group < GROUP, offs_d, d_ok,
+                           num_tiles, head, head_in_group < GROUP, offs_d, d_ok,
                            stride_ot, stride_oh, BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
 
     req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     q_tile = tile - (q_start // BLOCK_Q + req)
-    if q_tile * BLOCK_Q >= q_len:
-        return
+    if q_tile * BLOCK_Q < q_len:    # (not an early return: this body runs inside loops too)
+        _attend_tile_range(
+            q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, ws_acc_ptr,
+            ws_ml_ptr, scale, num_tokens, req, q_start, q_len, q_tile, kv_head, split, offs_m,
+            head_in_group, head, offs_d, d_ok,
+            stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+            stride_vb, stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_bt,
+            NUM_Q_HEADS, GROUP, GROUP_PAD, D_PAD, BLOCK_SIZE, BLOCK_Q, BLOCK_N, NUM_SPLITS,
+            PRECISION, WHILE_LOOP)
+
+
+@triton.jit
+def _attend_tile_range(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, ws_acc_ptr,
+    ws_ml_ptr, scale, num_tokens, req, q_start, q_len, q_tile, kv_head, split, offs_m,
+    head_in_group, head, offs_d, d_ok,
+    stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_bt,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+):
+    """A query tile that holds queries: attend its share of the context, store the result."""
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq_len = tl.load(seq_lens_ptr + req)
     context = seq_len - q_len                                   # tokens cached before this step
 
@@ -207,14 +254,31 @@ def _merge_splits_kernel(
 
     Every split of an owned row wrote its (m, l, acc), an empty share as m = -inf; rows past the
     last request's queries (batch padding) were never written and come out as zeros."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, NUM_SPLITS)
+    merge_program(tl.program_id(0).to(tl.int64), tl.program_id(1), ws_acc_ptr, ws_ml_ptr,
+                  out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
+                  NUM_Q_HEADS, HEAD_DIM, D_PAD, NUM_SPLITS)
+
+
+@triton.jit
+def merge_program(t, h, ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens,
+                  stride_ot, stride_oh, NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """The merge of one (token, query head), as a function (see attend_program)."""
     offs_d = tl.arange(0, D_PAD)
     if t >= tl.load(query_start_loc_ptr + num_reqs):
         tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d,
                  tl.zeros([D_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-        return
+    else:
+        _merge_row(t, h, ws_acc_ptr, ws_ml_ptr, out_ptr, num_tokens, stride_ot, stride_oh,
+                   NUM_Q_HEADS, HEAD_DIM, D_PAD, NUM_SPLITS)
+
+
+@triton.jit
+def _merge_row(t, h, ws_acc_ptr, ws_ml_ptr, out_ptr, num_tokens, stride_ot, stride_oh,
+               NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+               NUM_SPLITS: tl.constexpr):
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, D_PAD)
     ml = (offs_s * num_tokens + t) * NUM_Q_HEADS + h                        # [NUM_SPLITS]
     m = tl.load(ws_ml_ptr + ml)
     seen = m > float("-inf")                                                # split saw context
@@ -260,6 +324,25 @@ def _choose_splits(num_programs: int, max_query_len: Optional[int], max_seq_len:
     return splits
 
 
+def launch_shape(num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 max_query_len: Optional[int], element_size: int) -> tuple[int, int, int, int, int, int]:
+    """(group, group_pad, d_pad, rows, block_n, block_q): the tile shape of a launch, shared by
+    :func:`paged_attention` and the fused decoder layer (triton_decoder_layer)."""
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    if max_query_len is not None and max_query_len * group_pad <= 16:
+        rows = max(16, group_pad)       # decode / short verification: one small tile
+    elif max_query_len is not None and max_query_len * group_pad >= 512:
+        rows = max(128, group_pad)      # long prefill: big tiles
+    else:
+        rows = max(64, group_pad)
+    block_n = 64 if d_pad <= 128 else 32
+    if element_size == 4:               # fp32 tiles take twice the shared memory
+        rows, block_n = min(rows, max(64, group_pad)), 32
+    return group, group_pad, d_pad, rows, block_n, rows // group_pad
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,
@@ -274,19 +357,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size = k_cache.shape[1]
     if num_tokens == 0 or num_reqs == 0:
         return torch.zeros_like(q, memory_format=torch.contiguous_format)
-    group = num_q_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    if max_query_len is not None and max_query_len * group_pad <= 16:
-        rows = max(16, group_pad)       # decode / short verification: one small tile
-    elif max_query_len is not None and max_query_len * group_pad >= 512:
-        rows = max(128, group_pad)      # long prefill: big tiles
-    else:
-        rows = max(64, group_pad)
-    block_n = 64 if d_pad <= 128 else 32
-    if q.element_size() == 4:           # fp32 tiles take twice the shared memory
-        rows, block_n = min(rows, max(64, group_pad)), 32
-    block_q = rows // group_pad
+    shape = launch_shape(num_q_heads, num_kv_heads, head_dim, max_query_len, q.element_size())
+    group, group_pad, d_pad, rows, block_n, block_q = shape
     num_tiles = num_tokens // block_q + num_reqs
     splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
                                           block_q, q.device)
