@@ -25,6 +25,30 @@ def set_gemv(flag):
     selected().layers.set_gemv(flag)
 
 
+def set_fused_layer(flag):
+    """Whether ``decoder_layer`` may run a layer as one persistent kernel (Triton backend, a
+    few rows of a small model). Off unless a bench or test turns it on: on an H200 it ran the
+    0.6B-like draft at 0.97x (1 row) and 0.87x (2 rows) the op-by-op layers
+    (docs/bench-h200/fused-layer). Set before CUDA graphs are captured."""
+    selected().layers.set_fused_layer(flag)
+
+
+def fused_layer_enabled():
+    """Whether ``decoder_layer`` may take a call at all (the model skips building its arguments
+    otherwise)."""
+    return selected().layers.fused_layer_enabled()
+
+
+def decoder_layer(x, residual, weights, positions, cos_sin_cache, slot_mapping, block_tables,
+                  query_start_loc, seq_lens, max_query_len, max_seq_len, k_cache, v_cache):
+    """A whole decoder layer (``weights``: kernels.decoder_weights.DecoderWeights) as one op ->
+    (mlp_out, h) as the layer's ops would give them, or None where the backend has no fused
+    path for this call: the caller then runs the layer op by op."""
+    return selected().layers.decoder_layer(x, residual, weights, positions, cos_sin_cache,
+                                           slot_mapping, block_tables, query_start_loc, seq_lens,
+                                           max_query_len, max_seq_len, k_cache, v_cache)
+
+
 def rms_norm(x, weight, eps):
     return selected().layers.rms_norm(x, weight, eps)
 

@@ -45,6 +45,20 @@ def set_gemv(flag: bool) -> None:
     """The reference has no GEMV: every linear is F.linear either way."""
 
 
+def set_fused_layer(flag: bool) -> None:
+    """The reference has no fused decoder layer: layers run op by op either way."""
+
+
+def fused_layer_enabled() -> bool:
+    return False
+
+
+def decoder_layer(*args, **kwargs) -> None:
+    """No fused layer here (None: the model runs the layer op by op, through these ops, which
+    are the twin the Triton backend's fused layer is tested against)."""
+    return None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. x: [N, H], weight: [H] -> [N, H] in x.dtype."""
     x32 = x.float()

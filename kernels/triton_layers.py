@@ -20,7 +20,8 @@ from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
 
 __all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
-           "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention"]
+           "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention",
+           "decoder_layer", "set_fused_layer", "fused_layer_enabled"]
 
 
 def _row_major(x: torch.Tensor) -> torch.Tensor:
@@ -296,7 +297,24 @@ def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_
                                TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
                                BLOCK_SIZE: tl.constexpr):
     """One token per program: q -> q_out; k -> k cache and v -> v cache at the token's slot."""
-    token = tl.program_id(0).to(tl.int64)
+    prologue_token(tl.program_id(0).to(tl.int64), qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                   qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
+                   stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs, stride_vcb,
+                   stride_vcs, HAS_NORM, HEAD_DIM, D_PAD, HALF, HALF_PAD, TAIL, TAIL_PAD, QH_PAD,
+                   KH_PAD, BLOCK_SIZE)
+
+
+@triton.jit
+def prologue_token(token, qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr,
+                   pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
+                   stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs,
+                   stride_vcb, stride_vcs,
+                   HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                   HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
+                   TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr):
+    """The prologue of one token (int64 index), as a function: the kernel above calls it once
+    per program, the persistent decoder layer (triton_decoder_layer) once per token it takes."""
     cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     row = qkv_ptr + token * stride_qkv
     _norm_rope_heads(row, q_out_ptr + token * stride_qo, num_q_heads, qw_ptr, eps, cos, sin,
@@ -342,3 +360,27 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
         TAIL_PAD=triton.next_power_of_2(max(tail, 1)), QH_PAD=triton.next_power_of_2(num_heads),
         KH_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1], num_warps=4)
     return q
+
+
+# The whole layer as one persistent kernel (a few rows of a small model). That module calls
+# prologue_token above, so it is imported when first used, whichever of the two is imported first.
+_fused_layer = False   # a copy of triton_decoder_layer's switch: asked once per layer call
+
+
+def decoder_layer(*args, **kwargs):
+    """kernels.triton_decoder_layer.decoder_layer (see there): (mlp_out, h) or None."""
+    from specserve.kernels import triton_decoder_layer
+
+    return triton_decoder_layer.decoder_layer(*args, **kwargs)
+
+
+def set_fused_layer(flag: bool) -> None:
+    global _fused_layer
+    from specserve.kernels import triton_decoder_layer
+
+    triton_decoder_layer.set_enabled(flag)
+    _fused_layer = bool(flag)
+
+
+def fused_layer_enabled() -> bool:
+    return _fused_layer

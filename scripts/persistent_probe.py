@@ -55,9 +55,10 @@ def _barriers_kernel(bar_ptr, n_barriers, SPIN: tl.constexpr):
 @triton.jit
 def _gemv_tiles(x_ptr, w_ptr, out_ptr, res_ptr, N, pid, nprog, K: tl.constexpr, BN: tl.constexpr,
                 SILU: tl.constexpr, RESID: tl.constexpr):
-    KP: tl.constexpr = triton.next_power_of_2(K)
     """out[n] = sum_k w[n, k] x[k] for this program's tiles of BN outputs (whole K per tile).
-    SILU: w holds gate rows then up rows (N each); out[n] = silu(gate) * up. RESID: out += res."""
+    SILU: w holds gate rows then up rows (N each); out[n] = silu(gate) * up. RESID: out += res.
+    (N is a multiple of BN in every shape the probe runs: rows are not masked.)"""
+    KP: tl.constexpr = triton.next_power_of_2(K)
     kk = tl.arange(0, KP)
     kmask = kk < K
     x = tl.load(x_ptr + kk, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)

@@ -15,6 +15,7 @@ from torch import nn
 
 from specserve.engine.models.spec import ModelSpec
 from specserve.kernels import ops
+from specserve.kernels.decoder_weights import DecoderWeights
 
 
 @dataclass
@@ -94,6 +95,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    fusable = True   # may run as one op (ops.decoder_layer); not when projections all-reduce
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.self_attn = Attention(spec)
@@ -101,11 +104,29 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.Parameter(torch.ones(spec.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.ones(spec.hidden_size))
         self.eps = spec.rms_norm_eps
+        # the fused layer's grid-barrier state (count, generation), one per layer
+        self.register_buffer("grid_barrier", torch.zeros(2, dtype=torch.int32), persistent=False)
+
+    def weights(self) -> DecoderWeights:
+        a, m = self.self_attn, self.mlp
+        return DecoderWeights(
+            self.input_layernorm, a.qkv_proj.weight, a.qkv_proj.bias, a.q_norm, a.k_norm,
+            a.o_proj.weight, a.o_proj.bias, self.post_attention_layernorm,
+            m.gate_up_proj.weight, m.gate_up_proj.bias, m.down_proj.weight, m.down_proj.bias,
+            a.num_heads, a.num_kv_heads, a.head_dim, self.eps, a.scale, self.grid_barrier)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], positions: torch.Tensor,
                 cos_sin: torch.Tensor, meta: AttentionMetadata, kv: KVCache):
         """x + residual is the residual stream (residual None: the first layer, x the
-        embeddings); each norm is fused with the projection after it (ops.add_rms_norm_linear)."""
+        embeddings); each norm is fused with the projection after it (ops.add_rms_norm_linear).
+        Where the backend runs the whole layer as one op (ops.decoder_layer), it does."""
+        if self.fusable and ops.fused_layer_enabled():
+            fused = ops.decoder_layer(x, residual, self.weights(), positions, cos_sin,
+                                      meta.slot_mapping, meta.block_tables, meta.query_start_loc,
+                                      meta.seq_lens, meta.max_query_len, meta.max_seq_len,
+                                      kv[0], kv[1])
+            if fused is not None:
+                return fused
         h, residual = self.self_attn(x, residual, self.input_layernorm, positions, cos_sin, meta, kv)
         return self.mlp(h, residual, self.post_attention_layernorm, self.eps)
 

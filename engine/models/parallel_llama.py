@@ -63,6 +63,7 @@ class ParallelMLP(nn.Module):
 
 class ParallelDecoderLayer(nn.Module):
     forward = DecoderLayer.forward
+    fusable = False   # its projections all-reduce: never one fused op
 
     def __init__(self, spec: ModelSpec, group: TPGroup):
         super().__init__()

@@ -16,7 +16,8 @@ import torch
 from specserve.kernels import backend, ops
 
 LAYER_OPS = ("linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
-             "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention")
+             "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention",
+             "decoder_layer", "set_fused_layer", "fused_layer_enabled")
 SAMPLING_OPS = ("sample_draft", "rejection_sample")
 
 

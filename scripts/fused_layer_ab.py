@@ -1,0 +1,177 @@
+"""A/B on the GPU: the 0.6B-like draft's 1-token forward with its decoder layers op by op against
+one persistent kernel per layer (kernels/triton_decoder_layer.py), in one process.
+
+The model (dummy bf16 weights, Qwen3-0.6B shape) runs embeddings -> 28 layers -> final norm ->
+LM head over a random paged KV cache (each row after ``--context`` tokens), captured as a CUDA
+graph per (rows, fused off / on) and timed alternately, ``--rounds`` times. Before timing, one
+eager forward of each from the same cache: the logits' largest difference and whether the
+argmax agrees. Also the draft's roofline (weight bytes / copy bandwidth) and what each fused
+variant compiled to (registers, programs per SM, grid).
+
+    python scripts/fused_layer_ab.py --out /tmp/fused    (GPU only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="/tmp/fused")
+    ap.add_argument("--rounds", type=int, default=3, help="off/on alternations")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--replays", type=int, default=50, help="graph replays per timing")
+    ap.add_argument("--rows", default="1,2")
+    ap.add_argument("--shape", default="QWEN3_06B_LIKE",
+                    help="a bench.shapes model shape (TINY_DRAFT with --device cpu: a smoke run "
+                         "under TRITON_INTERPRET=1, eager, no graphs)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--variants", default="",
+                    help="extra fused variants at the first row count, comma-separated: "
+                         "splits=N (attention splits), warps=N, tile=N (weight elements per tile)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    from specserve.bench import shapes
+    from specserve.bench.engines import weight_bytes
+    from specserve.bench.timing import copy_bandwidth
+    from specserve.engine.models.llama import AttentionMetadata
+    from specserve.engine.models.loader import load_model
+    from specserve.engine.models.spec import read_model_spec
+    from specserve.kernels import backend, ops, triton_decoder_layer
+
+    backend.set_backend("triton")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    ckpt = shapes.write_checkpoint(os.path.join(tempfile.mkdtemp(), "draft"),
+                                   getattr(shapes, args.shape))
+    spec = read_model_spec(ckpt)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = load_model(spec, dev, dtype, 2048, "dummy", 0)
+    block, num_blocks, max_seq = 16, 512, 1024
+    gen = torch.Generator(device=dev).manual_seed(0)
+    shape = (num_blocks, block, spec.num_kv_heads, spec.head_dim)
+    kv0 = [(torch.randn(shape, device=dev, generator=gen).to(dtype),
+            torch.randn(shape, device=dev, generator=gen).to(dtype))
+           for _ in range(spec.num_layers)]
+    bw = copy_bandwidth(dev, (1 << 30) if cuda else (1 << 24)).bytes_per_s
+    roof = weight_bytes(model)["bytes_per_decode_step"] / bw
+
+    def inputs(m: int):
+        per = -(-(args.context + 1) // block)
+        tables = torch.arange(m * per, dtype=torch.int32, device=dev).view(m, per)
+        pos = torch.full((m,), args.context, dtype=torch.int64, device=dev)
+        slots = (tables[:, args.context // block].long() * block + args.context % block)
+        meta = AttentionMetadata(slots, tables, torch.arange(m + 1, dtype=torch.int32, device=dev),
+                                 torch.full((m,), args.context + 1, dtype=torch.int32, device=dev),
+                                 1, max_seq)
+        ids = torch.randint(0, spec.vocab_size, (m,), device=dev, generator=gen)
+        return ids, pos, meta
+
+    def forward(ids, pos, meta, kv):
+        x, res = model.run_layers(model.embed_tokens(ids), None, pos, meta, kv, 0, spec.num_layers)
+        return model.compute_logits(model.final_norm(x, res))
+
+    lines = [f"# fused decoder layer A/B on {torch.cuda.get_device_name() if cuda else dev}, {time.strftime('%F %T')}",
+             f"copy bandwidth {bw / 1e9:.0f} GB/s; the draft's roofline {roof * 1e6:.1f} us per "
+             f"1-token step; context {args.context}; CUDA graphs, {args.replays} replays per timing"]
+    graphs, keep, results = {}, [], {"bandwidth": bw, "roofline_s": roof, "cells": {}}
+    for m in [int(r) for r in args.rows.split(",")]:
+        ids, pos, meta = inputs(m)
+        with torch.inference_mode():
+            logits = {}
+            for name, flag in (("off", False), ("on", True)):
+                ops.set_fused_layer(flag)
+                kv = [(k.clone(), v.clone()) for k, v in kv0]
+                logits[name] = forward(ids, pos, meta, kv).float()
+                if not cuda:
+                    graphs[(m, name)] = (flag, lambda ids=ids, pos=pos, meta=meta, kv=kv:
+                                         forward(ids, pos, meta, kv))
+                    continue
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    forward(ids, pos, meta, kv)
+                torch.cuda.current_stream().wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    forward(ids, pos, meta, kv)
+                graphs[(m, name)] = (flag, g.replay)
+                keep.append((ids, pos, meta, kv))   # a graph reads these addresses at replay
+            ops.set_fused_layer(False)
+        if m == int(args.rows.split(",")[0]):
+            for variant in filter(None, args.variants.split(",")):
+                knob, value = variant.split("=")
+                saved = (triton_decoder_layer.force_splits, triton_decoder_layer.NUM_WARPS,
+                         triton_decoder_layer.TILE_ELEMS)
+                setattr(triton_decoder_layer, {"splits": "force_splits", "warps": "NUM_WARPS",
+                                               "tile": "TILE_ELEMS"}[knob], int(value))
+                triton_decoder_layer._plans.clear()
+                ops.set_fused_layer(True)
+                kv = [(k.clone(), v.clone()) for k, v in kv0]
+                with torch.inference_mode():
+                    forward(ids, pos, meta, kv)
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        forward(ids, pos, meta, kv)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        forward(ids, pos, meta, kv)
+                ops.set_fused_layer(False)
+                (triton_decoder_layer.force_splits, triton_decoder_layer.NUM_WARPS,
+                 triton_decoder_layer.TILE_ELEMS) = saved
+                triton_decoder_layer._plans.clear()
+                graphs[(m, variant)] = (True, g.replay)
+                keep.append((ids, pos, meta, kv))
+                results["cells"].setdefault(f"{m} {variant}", {"on": [], "off": None})
+        diff = (logits["on"] - logits["off"]).abs().max().item()
+        same = bool((logits["on"].argmax(-1) == logits["off"].argmax(-1)).all())
+        lines.append(f"rows={m}: logits max |on - off| = {diff:.4g} (largest |logit| "
+                     f"{logits['off'].abs().max().item():.3g}); same argmax: {same}")
+        results["cells"][m] = {"logit_diff": diff, "same_argmax": same, "off": [], "on": []}
+        print(lines[-1], flush=True)
+    for info in triton_decoder_layer.launch_info.values():
+        lines.append(f"compiled: {info}")
+    for _ in range(args.rounds):
+        for (m, name), (flag, run) in graphs.items():
+            ops.set_fused_layer(flag)      # (only the eager smoke run reads it here)
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.replays):
+                run()
+            if cuda:
+                torch.cuda.synchronize()
+            cell = results["cells"][m] if name in ("on", "off") else results["cells"][f"{m} {name}"]
+            cell["on" if name != "off" else "off"].append((time.perf_counter() - t0) / args.replays)
+        ops.set_fused_layer(False)
+    lines += ["", "| rows | op by op (us) | fused (us) | op by op / fused | fused / roofline |",
+              "|---|---|---|---|---|"]
+    for m, c in results["cells"].items():
+        if c["off"] is None:       # a variant: against its row count's op-by-op time
+            c = {**c, "off": results["cells"][int(str(m).split()[0])]["off"]}
+        off, on = statistics.median(c["off"]), statistics.median(c["on"])
+        lines.append(f"| {m} | {off * 1e6:.1f} ({', '.join(f'{x * 1e6:.0f}' for x in c['off'])}) | "
+                     f"{on * 1e6:.1f} ({', '.join(f'{x * 1e6:.0f}' for x in c['on'])}) | "
+                     f"{off / on:.2f}x | {on / roof:.2f}x |")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(args.out, "fused_layer_ab.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, "fused_layer_ab.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
