@@ -23,6 +23,19 @@ import time
 import torch
 
 
+def capture(fn):
+    """``fn`` run once on a side stream (warm-up), then captured as a CUDA graph: its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/fused")
@@ -96,15 +109,7 @@ def main() -> None:
                     graphs[(m, name)] = (flag, lambda ids=ids, pos=pos, meta=meta, kv=kv:
                                          forward(ids, pos, meta, kv))
                     continue
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    forward(ids, pos, meta, kv)
-                torch.cuda.current_stream().wait_stream(stream)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    forward(ids, pos, meta, kv)
-                graphs[(m, name)] = (flag, g.replay)
+                graphs[(m, name)] = (flag, capture(lambda: forward(ids, pos, meta, kv)))
                 keep.append((ids, pos, meta, kv))   # a graph reads these addresses at replay
             ops.set_fused_layer(False)
         if m == int(args.rows.split(",")[0]):
@@ -119,19 +124,12 @@ def main() -> None:
                 kv = [(k.clone(), v.clone()) for k, v in kv0]
                 with torch.inference_mode():
                     forward(ids, pos, meta, kv)
-                    stream = torch.cuda.Stream()
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        forward(ids, pos, meta, kv)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        forward(ids, pos, meta, kv)
+                    replay = capture(lambda: forward(ids, pos, meta, kv))
                 ops.set_fused_layer(False)
                 (triton_decoder_layer.force_splits, triton_decoder_layer.NUM_WARPS,
                  triton_decoder_layer.TILE_ELEMS) = saved
                 triton_decoder_layer._plans.clear()
-                graphs[(m, variant)] = (True, g.replay)
+                graphs[(m, variant)] = (True, replay)
                 keep.append((ids, pos, meta, kv))
                 results["cells"].setdefault(f"{m} {variant}", {"on": [], "off": None})
         diff = (logits["on"] - logits["off"]).abs().max().item()

@@ -21,7 +21,7 @@ import random
 import pytest
 import torch
 
-from tests.kernels.layer_cases import make_paged_case, rotary_cache
+from tests.kernels.layer_cases import make_paged_case, rotary_cache, step_rows
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -54,13 +54,7 @@ def _inputs(q_lens: list[int], seq_lens: list[int], seed: int, pad: int = 0):
 
     case = make_paged_case(q_lens, seq_lens, HQ, HK, D, BLOCK, torch.bfloat16, seed,
                            pad_rows=pad, device="cuda")
-    slots, positions, start = [], [], 0
-    for q, s in zip(q_lens, seq_lens):
-        slots += case.slot_mapping[start + s - q:start + s].tolist()
-        positions += list(range(s - q, s))
-        start += s
-    slots += [-1] * pad
-    positions += [0] * pad
+    slots, positions = step_rows(case, q_lens, seq_lens, pad)
     dev = "cuda"
     meta = AttentionMetadata(torch.tensor(slots, device=dev), case.block_tables,
                              case.query_start_loc, case.seq_lens, case.max_query_len, 4096)

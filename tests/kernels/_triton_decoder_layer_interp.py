@@ -23,9 +23,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
 
 try:
-    from tests.kernels.layer_cases import make_paged_case, rotary_cache
+    from tests.kernels.layer_cases import make_paged_case, rotary_cache, step_rows
 except ImportError:  # rootdir-less runs of this directory
-    from layer_cases import make_paged_case, rotary_cache
+    from layer_cases import make_paged_case, rotary_cache, step_rows
 
 from specserve.engine.models.llama import AttentionMetadata, DecoderLayer
 from specserve.engine.models.spec import ModelSpec
@@ -65,14 +65,7 @@ def _inputs(dtype, mix, seed, with_residual):
     q_lens, seq_lens, pad = MIXES[mix]
     case = make_paged_case(q_lens, seq_lens, HEADS, KV_HEADS, HEAD_DIM, BLOCK, dtype, seed,
                            pad_rows=pad)
-    # this step's rows: the last q_len positions of each request (their slots are rewritten)
-    slots, positions, start = [], [], 0
-    for q, s in zip(q_lens, seq_lens):
-        slots += case.slot_mapping[start + s - q:start + s].tolist()
-        positions += list(range(s - q, s))
-        start += s
-    slots += [-1] * pad
-    positions += [0] * pad
+    slots, positions = step_rows(case, q_lens, seq_lens, pad)   # their slots are rewritten
     meta = AttentionMetadata(torch.tensor(slots), case.block_tables, case.query_start_loc,
                              case.seq_lens, case.max_query_len, case.max_seq_len)
     gen = torch.Generator().manual_seed(seed + 1)

@@ -86,6 +86,19 @@ def make_paged_case(q_lens: list[int], seq_lens: list[int], num_q_heads: int, nu
         scale=head_dim ** -0.5, max_query_len=max(q_lens), max_seq_len=max(seq_lens))
 
 
+def step_rows(case: PagedCase, q_lens: list[int], seq_lens: list[int],
+              pad_rows: int = 0) -> tuple[list[int], list[int]]:
+    """This step's rows for a layer test over ``case`` (made with the same q_lens and seq_lens):
+    the KV slots and positions of each request's last q_len tokens, then ``pad_rows`` rows of
+    CUDA-graph padding (slot -1, position 0)."""
+    slots, positions, start = [], [], 0
+    for q, s in zip(q_lens, seq_lens):
+        slots += case.slot_mapping[start + s - q:start + s].tolist()
+        positions += list(range(s - q, s))
+        start += s
+    return slots + [-1] * pad_rows, positions + [0] * pad_rows
+
+
 def dense_attention(case: PagedCase) -> torch.Tensor:
     """The oracle: float64 dense causal attention per request over the un-paged K/V -> [N, Hq, D]."""
     q = case.q.cpu().double()

@@ -11,27 +11,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.interpreter import REPO, run_interpreter_suite
+
 triton = pytest.importorskip("triton")
 
-REPO = Path(__file__).resolve().parents[2]
 INTERP_TESTS = Path(__file__).with_name("_triton_gemv_interp.py")
 
 
 def test_interpreter_suite() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(INTERP_TESTS)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"interpreter tests failed:\n{tail}"
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
+    print(run_interpreter_suite(INTERP_TESTS, timeout=300))
 
 
 def test_the_no_gemv_flag_reaches_the_kernel_switch() -> None:
