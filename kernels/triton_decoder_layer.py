@@ -48,7 +48,6 @@ persistent draft forward (its GPU tests pass on an H100 and fail with the barrie
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
@@ -56,9 +55,9 @@ import triton
 import triton.language as tl
 
 from specserve.kernels.decoder_weights import DecoderWeights
-from specserve.kernels.triton_attention import (_choose_splits, attend_program, launch_shape,
-                                                merge_program)
-from specserve.kernels.triton_gemv import silu_mul
+from specserve.kernels.triton_attention import (_choose_splits, _num_sms, attend_program,
+                                                launch_shape, merge_program)
+from specserve.kernels.triton_gemv import interpreting, silu_mul
 from specserve.kernels.triton_layers import prologue_token
 
 # Rows: batch 1 (one token; the draft's catch-up feeds two). At 4 and 8 rows a first version
@@ -81,10 +80,6 @@ def set_enabled(flag: bool) -> None:
     """Turn the fused layer on or off for later calls (captured graphs keep what they had)."""
     global _enabled
     _enabled = bool(flag)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # ---- device functions --------------------------------------------------------------------------
@@ -353,11 +348,6 @@ def _block_n(n: int, k_pad: int, nprog: int, pair: bool = False) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
 def _programs_per_sm(index: int, regs: int, shared: int, warps: int) -> int:
     """How many programs of a compiled kernel an SM holds at once (registers, shared memory,
     threads), at least 1."""
@@ -391,9 +381,9 @@ def decoder_layer(x: torch.Tensor, residual: Optional[torch.Tensor], w: DecoderW
     attn_buf = torch.empty((m, hq, d), dtype=x.dtype, device=dev)
     act_buf = torch.empty((m, inter), dtype=x.dtype, device=dev)
 
-    interp = _interpreting()
+    interp = interpreting()
     index = 0 if interp else (dev.index if dev.index is not None else torch.cuda.current_device())
-    sms = 1 if interp else _sm_count(index)
+    sms = 1 if interp else _num_sms(dev)
     # attention's launch shape and splits, as triton_attention.paged_attention picks them
     group, group_pad, att_d_pad, _, block_n, block_q = launch_shape(hq, hk, d, max_query_len,
                                                                     x.element_size())
@@ -490,7 +480,7 @@ def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
 def _fits(x: torch.Tensor, residual: Optional[torch.Tensor], w: DecoderWeights,
           k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_cache: torch.Tensor) -> bool:
     """Whether this call can take the fused path (else the caller runs the layer op by op)."""
-    if not _enabled or w.barrier is None or not (x.is_cuda or _interpreting()):
+    if not _enabled or w.barrier is None or not (x.is_cuda or interpreting()):
         return False
     m = x.shape[0]
     if not 1 <= m <= MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
