@@ -98,6 +98,25 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens
                                              seq_lens, scale, max_query_len, max_seq_len)
 
 
+def attention_with_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps,
+                            positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                            block_tables, query_start_loc, seq_lens, scale, max_query_len=None,
+                            max_seq_len=None):
+    """``attention_prologue`` then ``paged_attention`` over its q. The Triton backend runs the
+    two as one launch where every request has one query token (``max_query_len`` 1: decode
+    steps, the draft's proposal passes), with the same result bit for bit."""
+    return selected().layers.attention_with_prologue(
+        qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions, cos_sin_cache,
+        k_cache, v_cache, slot_mapping, block_tables, query_start_loc, seq_lens, scale,
+        max_query_len, max_seq_len)
+
+
+def set_decode_fusion(flag):
+    """Whether ``attention_with_prologue`` may fuse one-token launches (default on; off for A/B
+    runs). Set before CUDA graphs are captured."""
+    selected().layers.set_decode_fusion(flag)
+
+
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,
                  probs_out=None, stream=DRAFT):
     """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor.

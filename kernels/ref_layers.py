@@ -188,6 +188,25 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
+def attention_with_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                            q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
+                            eps: float, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            max_query_len: Optional[int] = None,
+                            max_seq_len: Optional[int] = None) -> torch.Tensor:
+    """:func:`attention_prologue` then :func:`paged_attention` over its q -> [N, Hq, D]."""
+    q = attention_prologue(qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions,
+                           cos_sin_cache, k_cache, v_cache, slot_mapping)
+    return paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                           max_query_len, max_seq_len)
+
+
+def set_decode_fusion(flag: bool) -> None:
+    """The reference runs the prologue and attention apart either way."""
+
+
 def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` cached tokens of one request. blocks: [>= ceil(length/bs)] -> [length, Hk, D]."""
     block_size = cache.shape[1]

@@ -26,6 +26,7 @@ All launch parameters come from tensor shapes and the caller's host-side bounds
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -294,9 +295,9 @@ def _merge_row(t, h, ws_acc_ptr, ws_ml_ptr, out_ptr, num_tokens, stride_ot, stri
              mask=offs_d < HEAD_DIM)
 
 
-def _new_output(q: torch.Tensor) -> torch.Tensor:
-    """The output, uninitialised (a test fills it with NaN to see every row written)."""
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+def _new_output(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The output [N, Hq, D], uninitialised (a test fills it with NaN to see every row written)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _interpreting() -> bool:
@@ -343,6 +344,70 @@ def launch_shape(num_q_heads: int, num_kv_heads: int, head_dim: int,
     return group, group_pad, d_pad, rows, block_n, rows // group_pad
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The shape of one attention launch and its buffers, shared by :func:`paged_attention` and
+    the decode attention with its prologue inside (triton_decode_attention)."""
+
+    group: int
+    group_pad: int
+    d_pad: int
+    rows: int
+    block_n: int
+    block_q: int
+    num_tiles: int
+    splits: int
+    out: torch.Tensor         # [N, Hq, D], uninitialised: the kernels write every row
+    ws_acc: torch.Tensor      # split-KV partials (the output itself when there is one split)
+    ws_ml: torch.Tensor
+
+    def constexprs(self, num_q_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> dict:
+        return dict(NUM_Q_HEADS=num_q_heads, GROUP=self.group, GROUP_PAD=self.group_pad,
+                    HEAD_DIM=head_dim, D_PAD=self.d_pad, BLOCK_SIZE=block_size,
+                    BLOCK_Q=self.block_q, BLOCK_N=self.block_n, NUM_SPLITS=self.splits,
+                    PRECISION="ieee" if dtype == torch.float32 else None,  # fp32: no TF32
+                    WHILE_LOOP=_interpreting())
+
+    @property
+    def num_warps(self) -> int:
+        return 4 if self.rows <= 64 else 8
+
+
+def plan_launch(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
+                num_kv_heads: int, num_reqs: int, max_query_len: Optional[int],
+                max_seq_len: Optional[int], num_splits: Optional[int]) -> Launch:
+    """Tile shape, split count and buffers for attention over queries of ``shape`` [N, Hq, D]."""
+    num_tokens, num_q_heads, head_dim = shape
+    element_size = torch.empty((), dtype=dtype).element_size()
+    group, group_pad, d_pad, rows, block_n, block_q = launch_shape(
+        num_q_heads, num_kv_heads, head_dim, max_query_len, element_size)
+    num_tiles = num_tokens // block_q + num_reqs
+    splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
+                                          block_q, device)
+    out = _new_output(shape, dtype, device)
+    if splits > 1:
+        ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
+                             device=device)
+        ws_ml = torch.empty((2, splits, num_tokens, num_q_heads), dtype=torch.float32,
+                            device=device)
+    else:
+        ws_acc = ws_ml = out  # unused
+    return Launch(group, group_pad, d_pad, rows, block_n, block_q, num_tiles, splits, out, ws_acc,
+                  ws_ml)
+
+
+def merge_splits(launch: Launch, query_start_loc: torch.Tensor, num_reqs: int, head_dim: int) -> None:
+    """The split-KV merge into ``launch.out`` (nothing to do for one split)."""
+    if launch.splits == 1:
+        return
+    out = launch.out
+    num_tokens, num_q_heads = out.shape[0], out.shape[1]
+    _merge_splits_kernel[(num_tokens, num_q_heads)](
+        launch.ws_acc, launch.ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0),
+        out.stride(1), NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=launch.d_pad,
+        NUM_SPLITS=launch.splits)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float, max_query_len: Optional[int] = None,
@@ -354,35 +419,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tokens, num_q_heads, head_dim = q.shape
     num_reqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
     if num_tokens == 0 or num_reqs == 0:
         return torch.zeros_like(q, memory_format=torch.contiguous_format)
-    shape = launch_shape(num_q_heads, num_kv_heads, head_dim, max_query_len, q.element_size())
-    group, group_pad, d_pad, rows, block_n, block_q = shape
-    num_tiles = num_tokens // block_q + num_reqs
-    splits = num_splits or _choose_splits(num_tiles * num_kv_heads, max_query_len, max_seq_len,
-                                          block_q, q.device)
-    out = _new_output(q)  # [N, Hq, D]: the kernels write every row
-    if splits > 1:
-        ws_acc = torch.empty((splits, num_tokens, num_q_heads, d_pad), dtype=torch.float32,
-                             device=q.device)
-        ws_ml = torch.empty((2, splits, num_tokens, num_q_heads), dtype=torch.float32,
-                            device=q.device)
-    else:
-        ws_acc = ws_ml = out  # unused
-    precision = "ieee" if q.dtype == torch.float32 else None  # fp32: no TF32 rounding
-    _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
-        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, ws_acc, ws_ml,
-        scale, num_reqs, num_tokens,
+    launch = plan_launch(q.shape, q.dtype, q.device, num_kv_heads, num_reqs, max_query_len,
+                         max_seq_len, num_splits)
+    out = launch.out
+    _paged_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
+        q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
+        launch.ws_ml, scale, num_reqs, num_tokens,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
         block_tables.stride(0),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        NUM_SPLITS=splits, PRECISION=precision, WHILE_LOOP=_interpreting(),
-        num_warps=4 if rows <= 64 else 8,
+        **launch.constexprs(num_q_heads, head_dim, k_cache.shape[1], q.dtype),
+        num_warps=launch.num_warps,
     )
-    if splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            ws_acc, ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=d_pad, NUM_SPLITS=splits)
+    merge_splits(launch, query_start_loc, num_reqs, head_dim)
     return out

@@ -18,7 +18,7 @@ last program to arrive: no memset per launch). A program loads its first weight 
 projection *before* it waits at the barrier, and each tile loop loads tile t + nprog while it
 computes tile t, so the weight stream runs through the barriers instead of restarting after each.
 Stages 2-4 call the very functions the separate prologue, attention and merge kernels run
-(triton_layers.prologue_token, triton_attention.attend_program / merge_program), so their
+(triton_prologue.prologue_group, triton_attention.attend_program / merge_program), so their
 numerics are those kernels'. The projections round as the separate norm, linear and SiLU ops do
 (the residual sum and the normalised row to the dtype, SiLU before the product; the GEMV's fused
 norm prologue, which some shapes take op by op, does not round the normalised row). Their fp32
@@ -58,7 +58,7 @@ from specserve.kernels.decoder_weights import DecoderWeights
 from specserve.kernels.triton_attention import (_choose_splits, _num_sms, attend_program,
                                                 launch_shape, merge_program)
 from specserve.kernels.triton_gemv import interpreting, silu_mul
-from specserve.kernels.triton_layers import prologue_token
+from specserve.kernels.triton_prologue import prologue_group
 
 # Rows: batch 1 (one token; the draft's catch-up feeds two). At 4 and 8 rows a first version
 # ran the draft at 0.70x / 0.51x the op-by-op layers on an H200 (each row made its own pass over
@@ -265,7 +265,7 @@ def _decoder_layer_kernel(
     BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr, IP: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-    TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
+    TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     ATT_D_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
@@ -282,15 +282,15 @@ def _decoder_layer_kernel(
                        pid, nprog, HAS_RES, QKV_BIAS, H, HP, BN_QKV, BM, MULTI_QKV)
     _grid_sync(bar_ptr, nprog)
 
-    # 2. q/k norm + rotary; k, v -> cache
-    t = pid
-    while t < M:
-        prologue_token(t.to(tl.int64), qkv_buf, q_buf, k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr,
-                       pos_ptr, cos_sin_ptr, slot_ptr, eps, NUM_Q_HEADS, NUM_KV_HEADS, NQKV, QO,
-                       stride_cache, stride_kb, stride_ks, stride_vb, stride_vs, HAS_NORM,
-                       HEAD_DIM, D_PAD, HALF, HALF_PAD, TAIL, TAIL_PAD, QH_PAD, KH_PAD,
-                       BLOCK_SIZE)
-        t += nprog
+    # 2. q/k norm + rotary; k, v -> cache: one (token, KV head) per work item
+    item = pid
+    while item < M * NUM_KV_HEADS:
+        prologue_group((item // NUM_KV_HEADS).to(tl.int64), item % NUM_KV_HEADS, qkv_buf, q_buf,
+                       k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+                       eps, True, NQKV, QO, stride_cache, stride_kb, stride_ks, stride_vb,
+                       stride_vs, NUM_Q_HEADS, NUM_KV_HEADS, GROUP, GROUP_PAD, HAS_NORM,
+                       HEAD_DIM, D_PAD, HALF, HALF_PAD, TAIL, TAIL_PAD, BLOCK_SIZE)
+        item += nprog
     _grid_sync(bar_ptr, nprog)
 
     # 3. attention (4. merge), the o projection's first tile in flight before the last wait
@@ -408,7 +408,7 @@ def decoder_layer(x: torch.Tensor, residual: Optional[torch.Tensor], w: DecoderW
         D_BIAS=w.down_bias is not None, BM=_pow2(m),
         NUM_Q_HEADS=hq, NUM_KV_HEADS=hk, HAS_NORM=has_norm, HEAD_DIM=d, D_PAD=_pow2(d),
         HALF=half, HALF_PAD=_pow2(half), TAIL=tail, TAIL_PAD=_pow2(tail),
-        QH_PAD=_pow2(hq), KH_PAD=_pow2(hk), BLOCK_SIZE=k_cache.shape[1], GROUP=group,
+        BLOCK_SIZE=k_cache.shape[1], GROUP=group,
         GROUP_PAD=group_pad, ATT_D_PAD=att_d_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         NUM_SPLITS=splits, PRECISION="ieee" if x.element_size() == 4 else None,
         WHILE_LOOP=interp)

@@ -14,13 +14,16 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.kernels import triton_gemv
+from specserve.kernels import triton_gemv, triton_prologue
 from specserve.kernels.triton_attention import paged_attention
+from specserve.kernels.triton_decode_attention import decode_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
+from specserve.kernels.triton_prologue import cos_sin_rows, prologue_group
 
 __all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
            "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention",
+           "attention_with_prologue", "set_decode_fusion",
            "decoder_layer", "set_fused_layer", "fused_layer_enabled"]
 
 
@@ -112,18 +115,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
 
 
 @triton.jit
-def _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """The token's rotary cos and sin rows ([1, HALF_PAD]; padding lanes rotate by nothing) and
-    the lane offsets they are laid out on."""
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    offs_i = tl.arange(0, HALF_PAD)
-    ok = offs_i < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + offs_i, mask=ok, other=1.0)[None, :]
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_i, mask=ok, other=0.0)[None, :]
-    return cos, sin, offs_i
-
-
-@triton.jit
 def _rotate_heads(ptr, token, stride_t, stride_h, num_heads, cos, sin, offs_i,
                   HALF: tl.constexpr, HEADS_PAD: tl.constexpr):
     """In place on one token's [num_heads, 2 * HALF] leading dims: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
@@ -143,7 +134,7 @@ def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, num_q_heads, num_kv_heads,
                    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                    QH_PAD: tl.constexpr, KH_PAD: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
+    cos, sin, offs_i = cos_sin_rows(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
     _rotate_heads(q_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin, offs_i, HALF, QH_PAD)
     _rotate_heads(k_ptr, token, stride_kt, stride_kh, num_kv_heads, cos, sin, offs_i, HALF, KH_PAD)
 
@@ -250,120 +241,77 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 @triton.jit
-def _norm_rope_heads(src, dst, num_heads, w_ptr, eps, cos, sin, offs_i,
-                     HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                     TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, H_PAD: tl.constexpr):
-    """One token's heads [num_heads, HEAD_DIM] from ``src`` to ``dst`` (both head-major, unit
-    stride): optional RMSNorm per head (rounded like rms_norm), then rotary on the first 2 HALF
-    dims (rounded like apply_rotary); dims past 2 HALF are only normalised."""
-    offs_h = tl.arange(0, H_PAD)[:, None]
-    ok_h = offs_h < num_heads
-    lo_m = ok_h & (offs_i[None, :] < HALF)
-    lo_off = offs_h * HEAD_DIM + offs_i[None, :]
-    x1 = tl.load(src + lo_off, mask=lo_m, other=0.0)
-    x2 = tl.load(src + lo_off + HALF, mask=lo_m, other=0.0)
-    dtype = x1.dtype
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    if TAIL > 0:
-        offs_t = tl.arange(0, TAIL_PAD)[None, :]
-        t_m = ok_h & (offs_t < TAIL)
-        t_off = offs_h * HEAD_DIM + 2 * HALF + offs_t
-        xtf = tl.load(src + t_off, mask=t_m, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        ss = tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)
-        if TAIL > 0:
-            ss += tl.sum(xtf * xtf, axis=1)
-        inv = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]
-        w1 = tl.load(w_ptr + offs_i, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
-        w2 = tl.load(w_ptr + HALF + offs_i, mask=offs_i < HALF, other=0.0).to(tl.float32)[None, :]
-        x1f = ((x1f * inv).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-        x2f = ((x2f * inv).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-        if TAIL > 0:
-            wt = tl.load(w_ptr + 2 * HALF + offs_t, mask=offs_t < TAIL, other=0.0).to(tl.float32)
-            xtf = ((xtf * inv).to(dtype).to(tl.float32) * wt).to(dtype).to(tl.float32)
-    tl.store(dst + lo_off, (x1f * cos - x2f * sin).to(dst.dtype.element_ty), mask=lo_m)
-    tl.store(dst + lo_off + HALF, (x2f * cos + x1f * sin).to(dst.dtype.element_ty), mask=lo_m)
-    if TAIL > 0:
-        tl.store(dst + t_off, xtf.to(dst.dtype.element_ty), mask=t_m)
-
-
-@triton.jit
 def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr,
-                               pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
-                               stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs,
-                               stride_vcb, stride_vcs,
+                               pos_ptr, cache_ptr, slot_ptr, eps, stride_qkv, stride_qo,
+                               stride_cache, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                               NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                                HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                                HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
-                               TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
-                               BLOCK_SIZE: tl.constexpr):
-    """One token per program: q -> q_out; k -> k cache and v -> v cache at the token's slot."""
-    prologue_token(tl.program_id(0).to(tl.int64), qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                   qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
-                   stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs, stride_vcb,
-                   stride_vcs, HAS_NORM, HEAD_DIM, D_PAD, HALF, HALF_PAD, TAIL, TAIL_PAD, QH_PAD,
-                   KH_PAD, BLOCK_SIZE)
-
-
-@triton.jit
-def prologue_token(token, qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr,
-                   pos_ptr, cache_ptr, slot_ptr, eps, num_q_heads, num_kv_heads,
-                   stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs,
-                   stride_vcb, stride_vcs,
-                   HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                   HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
-                   TAIL_PAD: tl.constexpr, QH_PAD: tl.constexpr, KH_PAD: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr):
-    """The prologue of one token (int64 index), as a function: the kernel above calls it once
-    per program, the persistent decoder layer (triton_decoder_layer) once per token it takes."""
-    cos, sin, offs_i = _cos_sin(pos_ptr, token, cache_ptr, stride_cache, HALF, HALF_PAD)
-    row = qkv_ptr + token * stride_qkv
-    _norm_rope_heads(row, q_out_ptr + token * stride_qo, num_q_heads, qw_ptr, eps, cos, sin,
-                     offs_i, HAS_NORM, HEAD_DIM, HALF, TAIL, TAIL_PAD, QH_PAD)
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    if slot >= 0:
-        k_src = row + num_q_heads * HEAD_DIM
-        k_dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kcb + (slot % BLOCK_SIZE) * stride_kcs
-        _norm_rope_heads(k_src, k_dst, num_kv_heads, kw_ptr, eps, cos, sin, offs_i, HAS_NORM,
-                         HEAD_DIM, HALF, TAIL, TAIL_PAD, KH_PAD)
-        offs_h = tl.arange(0, KH_PAD)[:, None]
-        offs_d = tl.arange(0, D_PAD)[None, :]
-        v_m = (offs_h < num_kv_heads) & (offs_d < HEAD_DIM)
-        v_off = offs_h * HEAD_DIM + offs_d
-        v = tl.load(k_src + num_kv_heads * HEAD_DIM + v_off, mask=v_m)
-        v_dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
-        tl.store(v_dst + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=v_m)
+                               TAIL_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Grid (tokens, KV heads): a token's query heads of one KV head -> q_out, its k and v head
+    -> the caches at the token's slot."""
+    prologue_group(tl.program_id(0).to(tl.int64), tl.program_id(1), qkv_ptr, q_out_ptr,
+                   k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr, eps,
+                   True, stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs, stride_vcb,
+                   stride_vcs, NUM_Q_HEADS, NUM_KV_HEADS, GROUP, GROUP_PAD, HAS_NORM, HEAD_DIM,
+                   D_PAD, HALF, HALF_PAD, TAIL, TAIL_PAD, BLOCK_SIZE)
 
 
 def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                        q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
                        positions: torch.Tensor, cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-    """Twin of ref_layers.attention_prologue in one launch (one program per token)."""
+    """Twin of ref_layers.attention_prologue in one launch (a program per token and KV head)."""
     qkv = _row_major(qkv)
     num_tokens = qkv.shape[0]
     q = torch.empty((num_tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
         return q
-    for c in (k_cache, v_cache):
-        if c.stride(-1) != 1 or c.stride(-2) != head_dim:
-            raise ValueError("attention_prologue needs caches with contiguous [heads, head_dim] slots")
+    triton_prologue.check_cache_layout(k_cache, v_cache, head_dim)
     cache = _row_major(cos_sin_cache)
-    half = cache.shape[1] // 2
-    tail = head_dim - 2 * half
     has_norm = q_norm is not None
-    _attention_prologue_kernel[(num_tokens,)](
+    _attention_prologue_kernel[(num_tokens, num_kv_heads)](
         qkv, q, k_cache, v_cache, q_norm if has_norm else qkv, k_norm if has_norm else qkv,
-        positions, cache, slot_mapping, eps, num_heads, num_kv_heads, qkv.stride(0), q.stride(0),
-        cache.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        HAS_NORM=has_norm, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), HALF=half,
-        HALF_PAD=triton.next_power_of_2(max(half, 1)), TAIL=tail,
-        TAIL_PAD=triton.next_power_of_2(max(tail, 1)), QH_PAD=triton.next_power_of_2(num_heads),
-        KH_PAD=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=k_cache.shape[1], num_warps=4)
+        positions, cache, slot_mapping, eps, qkv.stride(0), q.stride(0), cache.stride(0),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        **triton_prologue.constexprs(num_heads, num_kv_heads, head_dim, cache.shape[1], has_norm,
+                                     k_cache.shape[1]),
+        num_warps=4)
     return q
 
 
-# The whole layer as one persistent kernel (a few rows of a small model). That module calls
-# prologue_token above, so it is imported when first used, whichever of the two is imported first.
+# Launches of one query token per request run the prologue inside attention
+# (triton_decode_attention); False sends them through the two kernels, for A/B runs.
+_decode_fusion = True
+
+
+def set_decode_fusion(flag: bool) -> None:
+    global _decode_fusion
+    _decode_fusion = bool(flag)
+
+
+def attention_with_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                            q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
+                            eps: float, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            max_query_len: Optional[int] = None,
+                            max_seq_len: Optional[int] = None) -> torch.Tensor:
+    """Twin of ref_layers.attention_with_prologue: one launch (plus the split merge) where every
+    request has at most one query token (``max_query_len`` 1), the same bits as the two
+    kernels, which run everything else."""
+    args = (qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions,
+            cos_sin_cache, k_cache, v_cache, slot_mapping)
+    if _decode_fusion and max_query_len == 1:
+        return decode_attention(*args, block_tables, query_start_loc, seq_lens, scale, max_seq_len)
+    q = attention_prologue(*args)
+    return paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                           max_query_len, max_seq_len)
+
+
+# The whole layer as one persistent kernel (a few rows of a small model), imported when first used.
 _fused_layer = False   # a copy of triton_decoder_layer's switch: asked once per layer call
 
 

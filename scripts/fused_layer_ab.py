@@ -1,5 +1,7 @@
-"""A/B on the GPU: the 0.6B-like draft's 1-token forward with its decoder layers op by op against
-one persistent kernel per layer (kernels/triton_decoder_layer.py), in one process.
+"""A/B on the GPU: a model's 1-token forward with one of the Triton backend's fusions off and on,
+in one process. ``--switch fused-layer`` (default): the decoder layers op by op against one
+persistent kernel per layer (kernels/triton_decoder_layer.py). ``--switch decode-attention``:
+the attention prologue and attention as two kernels against one (kernels/triton_decode_attention.py).
 
 The model (dummy bf16 weights, Qwen3-0.6B shape) runs embeddings -> 28 layers -> final norm ->
 LM head over a random paged KV cache (each row after ``--context`` tokens), captured as a CUDA
@@ -47,6 +49,8 @@ def main() -> None:
                     help="a bench.shapes model shape (TINY_DRAFT with --device cpu: a smoke run "
                          "under TRITON_INTERPRET=1, eager, no graphs)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--switch", choices=["fused-layer", "decode-attention"], default="fused-layer",
+                    help="the fusion turned off and on")
     ap.add_argument("--variants", default="",
                     help="extra fused variants at the first row count, comma-separated: "
                          "splits=N (attention splits), warps=N, tile=N (weight elements per tile)")
@@ -62,6 +66,13 @@ def main() -> None:
     from specserve.kernels import backend, ops, triton_decoder_layer
 
     backend.set_backend("triton")
+
+    def switch(flag: bool) -> None:
+        (ops.set_fused_layer if args.switch == "fused-layer" else ops.set_decode_fusion)(flag)
+
+    def restore() -> None:                 # the defaults: no fused layer, fused decode attention
+        ops.set_fused_layer(False)
+        ops.set_decode_fusion(True)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     ckpt = shapes.write_checkpoint(os.path.join(tempfile.mkdtemp(), "draft"),
@@ -69,7 +80,9 @@ def main() -> None:
     spec = read_model_spec(ckpt)
     dtype = torch.bfloat16 if cuda else torch.float32
     model = load_model(spec, dev, dtype, 2048, "dummy", 0)
-    block, num_blocks, max_seq = 16, 512, 1024
+    block, max_seq = 16, 1024
+    rows = [int(r) for r in args.rows.split(",")]
+    num_blocks = max(512, max(rows) * -(-(args.context + 1) // block))
     gen = torch.Generator(device=dev).manual_seed(0)
     shape = (num_blocks, block, spec.num_kv_heads, spec.head_dim)
     kv0 = [(torch.randn(shape, device=dev, generator=gen).to(dtype),
@@ -93,7 +106,7 @@ def main() -> None:
         x, res = model.run_layers(model.embed_tokens(ids), None, pos, meta, kv, 0, spec.num_layers)
         return model.compute_logits(model.final_norm(x, res))
 
-    lines = [f"# fused decoder layer A/B on {torch.cuda.get_device_name() if cuda else dev}, {time.strftime('%F %T')}",
+    lines = [f"# {args.switch} A/B ({args.shape}) on {torch.cuda.get_device_name() if cuda else dev}, {time.strftime('%F %T')}",
              f"copy bandwidth {bw / 1e9:.0f} GB/s; the draft's roofline {roof * 1e6:.1f} us per "
              f"1-token step; context {args.context}; CUDA graphs, {args.replays} replays per timing"]
     graphs, keep, results = {}, [], {"bandwidth": bw, "roofline_s": roof, "cells": {}}
@@ -102,7 +115,7 @@ def main() -> None:
         with torch.inference_mode():
             logits = {}
             for name, flag in (("off", False), ("on", True)):
-                ops.set_fused_layer(flag)
+                switch(flag)
                 kv = [(k.clone(), v.clone()) for k, v in kv0]
                 logits[name] = forward(ids, pos, meta, kv).float()
                 if not cuda:
@@ -111,8 +124,8 @@ def main() -> None:
                     continue
                 graphs[(m, name)] = (flag, capture(lambda: forward(ids, pos, meta, kv)))
                 keep.append((ids, pos, meta, kv))   # a graph reads these addresses at replay
-            ops.set_fused_layer(False)
-        if m == int(args.rows.split(",")[0]):
+            restore()
+        if m == int(args.rows.split(",")[0]) and args.switch == "fused-layer":
             for variant in filter(None, args.variants.split(",")):
                 knob, value = variant.split("=")
                 saved = (triton_decoder_layer.force_splits, triton_decoder_layer.NUM_WARPS,
@@ -142,7 +155,7 @@ def main() -> None:
         lines.append(f"compiled: {info}")
     for _ in range(args.rounds):
         for (m, name), (flag, run) in graphs.items():
-            ops.set_fused_layer(flag)      # (only the eager smoke run reads it here)
+            switch(flag)                   # (only the eager smoke run reads it here)
             run()
             if cuda:
                 torch.cuda.synchronize()
@@ -153,8 +166,8 @@ def main() -> None:
                 torch.cuda.synchronize()
             cell = results["cells"][m] if name in ("on", "off") else results["cells"][f"{m} {name}"]
             cell["on" if name != "off" else "off"].append((time.perf_counter() - t0) / args.replays)
-        ops.set_fused_layer(False)
-    lines += ["", "| rows | op by op (us) | fused (us) | op by op / fused | fused / roofline |",
+        restore()
+    lines += ["", "| rows | off (us) | on (us) | off / on | on / roofline |",
               "|---|---|---|---|---|"]
     for m, c in results["cells"].items():
         if c["off"] is None:       # a variant: against its row count's op-by-op time
@@ -165,9 +178,10 @@ def main() -> None:
                      f"{off / on:.2f}x | {on / roof:.2f}x |")
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(args.out, "fused_layer_ab.md"), "w") as f:
+    stem = f"{args.switch}_{args.shape}"
+    with open(os.path.join(args.out, f"{stem}_ab.md"), "w") as f:
         f.write(text + "\n")
-    with open(os.path.join(args.out, "fused_layer_ab.json"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}_ab.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
 
 

@@ -73,11 +73,11 @@ class Attention(nn.Module):
         """The layer's input norm (of x + residual) and attention -> (output, new residual)."""
         n = x.shape[0]
         qkv, residual = self.qkv_proj.forward_add_rms_norm(x, residual, norm_weight, self.eps)
-        q = ops.attention_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                   self.q_norm, self.k_norm, self.eps, positions, cos_sin,
-                                   kv[0], kv[1], meta.slot_mapping)       # [N, Hq, D]
-        out = ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_start_loc,
-                                  meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
+        out = ops.attention_with_prologue(
+            qkv, self.num_heads, self.num_kv_heads, self.head_dim, self.q_norm, self.k_norm,
+            self.eps, positions, cos_sin, kv[0], kv[1], meta.slot_mapping, meta.block_tables,
+            meta.query_start_loc, meta.seq_lens, self.scale, meta.max_query_len,
+            meta.max_seq_len)                                                 # [N, Hq, D]
         return self.o_proj(out.reshape(n, self.q_size)), residual
 
 

@@ -163,3 +163,56 @@ def test_decode_attention_timing(context: int) -> None:
         kv_bytes = 2 * batch * context * HK * D * 2
         print(f"\ndecode attention bf16 batch={batch} context={context}: triton {t_triton:.1f} us "
               f"({kv_bytes / t_triton / 1e3:.0f} GB/s of KV), torch reference {t_ref:.1f} us")
+
+
+@pytest.mark.parametrize("heads", [(32, 8), (16, 8)], ids=["8b", "0.6b"])
+@pytest.mark.parametrize("batch,context", [(1, 130), (1, 1500), (4, 700), (16, 300), (64, 2000)])
+def test_decode_attention_bit_equal_to_two_kernels(heads: tuple[int, int], batch: int,
+                                                   context: int) -> None:
+    """Attention with its prologue inside (triton_decode_attention), bf16, Qwen3 q/k norms, the
+    split count the heuristic picks under a graph's 4096-token bound: output and caches equal
+    to the prologue kernel + the attention kernel bit for bit, eagerly and over 20 replays of
+    a CUDA graph (where programs of every split run at once: a key or value written by the
+    wrong split, or read before the barrier, shows as NaN or a difference). Request contexts
+    differ, so the new position falls in different splits; row 0 is idle (slot -1) from batch 4."""
+    from specserve.kernels import triton_attention, triton_decode_attention, triton_layers
+    from tests.kernels.layer_cases import decode_step
+
+    hq, hk = heads
+    seq_lens = [max(1, context - 37 * i) for i in range(batch)]
+    step = decode_step(seq_lens, hq, hk, D, BLOCK, torch.bfloat16, seed=batch + context,
+                       qk_norm=True, rot_dim=D, pad_rows=2, idle_rows=(0,) if batch >= 4 else (),
+                       device="cuda")
+    c = step.case
+    common, meta = step.prologue_args(hq, hk, D), step.meta()
+    k2, v2 = c.k_cache.clone(), c.v_cache.clone()
+    q = triton_layers.attention_prologue(*common, k2, v2, step.slots)
+    want = triton_attention.paged_attention(q, k2, v2, *meta, 1, 4096)
+
+    def fused():
+        return triton_decode_attention.decode_attention(*common, c.k_cache, c.v_cache, step.slots,
+                                                        *meta, 4096)
+
+    got = fused()
+    assert not want.isnan().any() and torch.equal(got, want)
+    assert torch.equal(c.k_cache.nan_to_num(7.0), k2.nan_to_num(7.0))
+    assert torch.equal(c.v_cache.nan_to_num(7.0), v2.nan_to_num(7.0))
+    for s in step.slots.tolist():          # poison the step's slots again: replays must rewrite
+        if s >= 0:
+            c.k_cache.view(-1, hk, D)[s] = float("nan")
+            c.v_cache.view(-1, hk, D)[s] = float("nan")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fused()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused()
+    for _ in range(20):
+        for s in step.slots.tolist():
+            if s >= 0:
+                c.k_cache.view(-1, hk, D)[s] = float("nan")
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

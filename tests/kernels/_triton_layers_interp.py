@@ -23,9 +23,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
 
 try:
-    from tests.kernels.layer_cases import MIXES, make_paged_case, rotary_cache
+    from tests.kernels.layer_cases import MIXES, decode_step, make_paged_case, rotary_cache
 except ImportError:  # rootdir-less runs of this directory
-    from layer_cases import MIXES, make_paged_case, rotary_cache
+    from layer_cases import MIXES, decode_step, make_paged_case, rotary_cache
 
 ATTN_ATOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -65,7 +65,7 @@ def _nan_outputs(monkeypatch) -> None:
     from specserve.kernels import triton_attention
 
     real = triton_attention._new_output
-    monkeypatch.setattr(triton_attention, "_new_output", lambda q: real(q).fill_(float("nan")))
+    monkeypatch.setattr(triton_attention, "_new_output", lambda *a: real(*a).fill_(float("nan")))
 
 
 @pytest.mark.parametrize("splits", [2, 4])
@@ -227,3 +227,68 @@ def test_paged_attention_many_requests() -> None:
     case = make_paged_case(q_lens, seq_lens, 4, 2, 16, 4, torch.float32, seed=12, pad_rows=2)
     got, want = _both(case)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("heads,qk_norm,rot_dim,splits,dtype", [
+    ((8, 2), True, 16, 1, torch.float32),      # Qwen3-like: q/k norms, GQA of 4
+    ((8, 2), True, 16, 4, torch.float32),      # split-KV: the new position lies in one split
+    ((6, 2), False, 8, 2, torch.float32),      # GQA of 3 (padded group), partial rotary
+    ((4, 4), False, 16, 2, torch.float16),     # no GQA, fp16
+    ((8, 2), True, 16, 2, torch.float16),
+])
+def test_decode_attention_equals_prologue_then_attention(heads, qk_norm: bool, rot_dim: int,
+                                                         splits: int, dtype: torch.dtype,
+                                                         monkeypatch) -> None:
+    """One token per request: the fused launch (triton_decode_attention) gives the output and
+    the caches of the prologue kernel + the attention kernel bit for bit, and the reference's
+    to the tolerances above. The step's own slots start as NaN, so attention must read the K/V
+    the prologue wrote; a row with slot -1 (an idle draft row) writes nothing; two rows of
+    padding come out as zeros. (The interpreter runs programs one after another, so a store
+    made by the wrong split still lands before the read here; tests/gpu checks on the device.)"""
+    from specserve.kernels import ref_layers, triton_attention, triton_decode_attention, triton_layers
+
+    _nan_outputs(monkeypatch)
+    hq, hk = heads
+    d, pad = 16, 2
+    step = decode_step([1, 7, 16, 33, 70], hq, hk, d, 4, dtype, seed=hq * 7 + splits,
+                       qk_norm=qk_norm, rot_dim=rot_dim, pad_rows=pad, idle_rows=(1,))
+    c = step.case
+    caches = [x.clone() for x in (c.k_cache, c.v_cache) for _ in range(3)]
+    common, meta = step.prologue_args(hq, hk, d), step.meta()
+    got = triton_decode_attention.decode_attention(*common, caches[0], caches[3], step.slots,
+                                                   *meta, c.max_seq_len, num_splits=splits)
+    q = triton_layers.attention_prologue(*common, caches[1], caches[4], step.slots)
+    two = triton_attention.paged_attention(q, caches[1], caches[4], *meta, 1, c.max_seq_len,
+                                           num_splits=splits)
+    want = ref_layers.attention_with_prologue(*common, caches[2], caches[5], step.slots, *meta)
+    assert torch.equal(got, two) and not got.isnan().any()
+    assert (got[-pad:] == 0).all()
+    for a, b in ((0, 1), (3, 4)):
+        torch.testing.assert_close(caches[a], caches[b], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(got, want, atol=ATTN_ATOL[dtype], rtol=0)
+    k_atol = 1e-5 if dtype == torch.float32 else 0.0
+    torch.testing.assert_close(caches[0], caches[2], atol=k_atol, rtol=0, equal_nan=True)
+    torch.testing.assert_close(caches[3], caches[5], atol=0, rtol=0, equal_nan=True)
+
+
+def test_attention_with_prologue_takes_the_fused_launch_only_for_one_token(monkeypatch) -> None:
+    """The op sends max_query_len 1 to the fused launch (unless switched off) and every other
+    launch to the two kernels, with the same result either way."""
+    from specserve.kernels import triton_layers
+
+    calls = []
+    real = triton_layers.decode_attention
+    monkeypatch.setattr(triton_layers, "decode_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    hq, hk, d = 4, 2, 16
+    step = decode_step([5, 9], hq, hk, d, 4, torch.float32, seed=2, qk_norm=False, rot_dim=d)
+    c = step.case
+    outs = []
+    for fused, max_q in ((True, 1), (False, 1), (True, 2)):
+        triton_layers.set_decode_fusion(fused)
+        k, v = c.k_cache.clone(), c.v_cache.clone()
+        outs.append(triton_layers.attention_with_prologue(
+            *step.prologue_args(hq, hk, d), k, v, step.slots, *step.meta(), max_q, c.max_seq_len))
+    triton_layers.set_decode_fusion(True)
+    assert calls == [1]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

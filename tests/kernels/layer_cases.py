@@ -126,3 +126,50 @@ def rotary_cache(max_pos: int, rot_dim: int, base: float = 10000.0) -> torch.Ten
     inv_freq = 1.0 / base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
     freqs = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float()
+
+
+@dataclass
+class DecodeStep:
+    """One decode step's inputs to the attention prologue + attention: a token per request (and
+    padding rows) over a paged cache whose slots for this step hold NaN until written."""
+    case: PagedCase
+    qkv: torch.Tensor              # [N, (Hq + 2 Hk) D]
+    norms: list                    # [q_norm, k_norm] or [None, None]
+    positions: torch.Tensor        # [N] int64
+    slots: torch.Tensor            # [N] int64, -1: write nothing
+    rope: torch.Tensor             # [max_pos, rot_dim] fp32
+
+    def prologue_args(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple:
+        return (self.qkv, num_q_heads, num_kv_heads, head_dim, *self.norms, 1e-6, self.positions,
+                self.rope)
+
+    def meta(self) -> tuple:
+        c = self.case
+        return c.block_tables, c.query_start_loc, c.seq_lens, c.scale
+
+
+def decode_step(seq_lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
+                block_size: int, dtype: torch.dtype, seed: int, qk_norm: bool, rot_dim: int,
+                pad_rows: int = 0, idle_rows: tuple = (), device: str = "cpu") -> DecodeStep:
+    """A :class:`DecodeStep` for requests of ``seq_lens`` (each ending with this step's token);
+    rows in ``idle_rows`` get slot -1 (an idle draft row: attends, writes no K/V)."""
+    q_lens = [1] * len(seq_lens)
+    case = make_paged_case(q_lens, seq_lens, num_q_heads, num_kv_heads, head_dim, block_size,
+                           dtype, seed, pad_rows=pad_rows)
+    slots, positions = step_rows(case, q_lens, seq_lens, pad_rows)
+    for r in idle_rows:
+        slots[r] = -1
+    for s in slots:                      # attention must read what the prologue writes
+        if s >= 0:
+            case.k_cache.view(-1, num_kv_heads, head_dim)[s] = float("nan")
+            case.v_cache.view(-1, num_kv_heads, head_dim)[s] = float("nan")
+    gen = torch.Generator().manual_seed(seed + 1)
+    qkv = (torch.randn(len(slots), (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen)
+           * 2).to(dtype)
+    norms = ([(1 + 0.2 * torch.randn(head_dim, generator=gen)).to(dtype).to(device)
+              for _ in range(2)] if qk_norm else [None, None])
+    to = dict(device=device)
+    for f in ("k_cache", "v_cache", "block_tables", "query_start_loc", "seq_lens", "slot_mapping"):
+        setattr(case, f, getattr(case, f).to(device))
+    return DecodeStep(case, qkv.to(**to), norms, torch.tensor(positions, **to),
+                      torch.tensor(slots, **to), rotary_cache(max(seq_lens) + 8, rot_dim).to(**to))

@@ -38,7 +38,7 @@ def test_the_fused_layer_compiles_for_an_h100(rows: int, splits: int, multi: boo
     const = dict(H=1024, HP=1024, NQKV=4096, QO=2048, QOP=2048, I=3072, IP=4096, HAS_RES=True,
                  QKV_BIAS=False, O_BIAS=False, GU_BIAS=False, D_BIAS=False, BM=rows,
                  NUM_Q_HEADS=16, NUM_KV_HEADS=8, HAS_NORM=True, HEAD_DIM=128, D_PAD=128, HALF=64,
-                 HALF_PAD=64, TAIL=0, TAIL_PAD=1, QH_PAD=16, KH_PAD=8, BLOCK_SIZE=16, GROUP=2,
+                 HALF_PAD=64, TAIL=0, TAIL_PAD=1, BLOCK_SIZE=16, GROUP=2,
                  GROUP_PAD=2, ATT_D_PAD=128, BLOCK_Q=8, BLOCK_N=64, NUM_SPLITS=splits,
                  PRECISION=None, WHILE_LOOP=False, BN_QKV=16, BN_O=4, BN_GU=8, BN_D=4,
                  MULTI_QKV=multi, MULTI_O=multi, MULTI_GU=True, MULTI_D=multi)

@@ -76,10 +76,26 @@ def test_elementwise_kernels_compile() -> None:
     _compile(tl_._silu_and_mul_kernel, "bf16", dict(BLOCK=1024))
     _compile(tl_._write_kv_kernel, "bf16", dict(HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PAD=8, D_PAD=128))
     for has_norm, tail in ((True, 0), (False, 64)):   # Qwen3 (full rotary), partial rotary
-        _compile(tl_._attention_prologue_kernel, "bf16",
-                 dict(HAS_NORM=has_norm, HEAD_DIM=128, D_PAD=128, HALF=(128 - tail) // 2,
-                      HALF_PAD=(128 - tail) // 2, TAIL=tail, TAIL_PAD=max(tail, 1), QH_PAD=32,
-                      KH_PAD=8, BLOCK_SIZE=16))
+        _compile(tl_._attention_prologue_kernel, "bf16", _prologue_consts(has_norm, tail))
+
+
+def _prologue_consts(has_norm: bool, tail: int) -> dict:
+    """An 8B-like layer's prologue: 32 query heads, 8 KV heads of 128."""
+    from specserve.kernels import triton_prologue
+
+    return triton_prologue.constexprs(32, 8, 128, 128 - tail, has_norm, 16)
+
+
+@pytest.mark.parametrize("splits,has_norm,tail", [(1, True, 0), (8, True, 0), (4, False, 64)])
+def test_decode_attention_compiles(splits: int, has_norm: bool, tail: int) -> None:
+    """The one-token attention with its prologue inside (triton_decode_attention), at the
+    decode tile the attention kernel uses (4 heads of a GQA group, rows of 16)."""
+    from specserve.kernels import triton_decode_attention
+
+    consts = dict(_prologue_consts(has_norm, tail), ATT_D_PAD=128, BLOCK_Q=4, BLOCK_N=64,
+                  NUM_SPLITS=splits, PRECISION=None, WHILE_LOOP=False)
+    smem = _compile(triton_decode_attention._decode_attention_kernel, "bf16", consts, 4)
+    assert 0 < smem <= H100_SMEM
 
 
 def test_attention_does_not_specialise_on_the_request_mix() -> None:
