@@ -378,7 +378,7 @@ def plan_launch(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.d
                 max_seq_len: Optional[int], num_splits: Optional[int]) -> Launch:
     """Tile shape, split count and buffers for attention over queries of ``shape`` [N, Hq, D]."""
     num_tokens, num_q_heads, head_dim = shape
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     group, group_pad, d_pad, rows, block_n, block_q = launch_shape(
         num_q_heads, num_kv_heads, head_dim, max_query_len, element_size)
     num_tiles = num_tokens // block_q + num_reqs

@@ -16,6 +16,8 @@ second one, instead of idling for the whole launch.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -84,14 +86,33 @@ def capture_pieces(pieces: PieceFactory, pool) -> tuple[list[torch.cuda.CUDAGrap
     torch.cuda.synchronize()
     captured, state = pieces()
     graphs = []
-    for piece in captured:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            piece()
-        if pool is None:
-            pool = graph.pool()
-        graphs.append(graph)
+    with _collector_paused():
+        for piece in captured:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                piece()
+            if pool is None:
+                pool = graph.pool()
+            graphs.append(graph)
     return graphs, state, pool
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off for the captures. A collection that starts inside
+    a capture may free unreachable CUDA graphs (another engine's, or anything in a reference
+    cycle that holds them), and a graph's destructor is a CUDA call a capture forbids: the
+    capture fails with "operation failed due to a previous error during capture" at some later
+    launch. torch.cuda.graph no longer collects before a capture (torch.compiler.config.
+    force_cudagraph_gc), so when this happened depended on allocation counts: the GPU engine
+    tests hit it in one order of one build (H100, 2026-11-27)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class PiecewiseGraphs:

@@ -28,3 +28,24 @@ def test_logits_bytes_count_every_width_and_bucket():
     assert graph_logits_bytes(0, 4, 10, 2) == (1 + 2 + 4) * 1 * 10 * 2
     # the default engine (64 sequences, k_max 8) with a 152k bf16 vocabulary: under 2 GB
     assert graph_logits_bytes(8, 64, 151936, 2) < 2 << 30
+
+
+def test_captures_run_with_the_cyclic_collector_paused():
+    """A collection inside a capture may free another engine's CUDA graphs, a CUDA call that
+    invalidates the capture (seen on an H100): the collector is off while capturing and comes
+    back as it was."""
+    import gc
+
+    from specserve.engine.runner.cuda_graphs import _collector_paused
+
+    assert gc.isenabled()
+    with _collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
