@@ -42,6 +42,8 @@ from typing import Callable, Optional
 
 import torch
 
+from specserve.engine.runner.cuda_graphs import collector_paused
+
 MODES = ("probabilistic", "strict", "greedy_draft")
 TOP_TOKENS = 16        # categories: the row's most likely tokens, by rank
 VOCAB_RANGES = 64      # ...and the remaining vocabulary split into ranges of token ids
@@ -360,7 +362,7 @@ def _graph_runner(step: Repeat, acc: Accumulator) -> "torch.cuda.CUDAGraph":
     torch.cuda.current_stream().wait_stream(s)
     saved = [t.clone() for t in _acc_tensors(acc)]
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with collector_paused(), torch.cuda.graph(g):
         step()
         step.advance()
     # capture does not execute: the sums still hold the warm-up repeat only

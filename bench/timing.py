@@ -11,6 +11,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from specserve.engine.runner.cuda_graphs import collector_paused
+
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -43,7 +45,7 @@ def graph_us_per_call(fn: Callable[[], object], calls: int, replays: int) -> flo
         fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collector_paused(), torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
     graph.replay()

@@ -37,7 +37,7 @@ _MIN_TOKENS_PER_SPLIT = 128
 
 
 @triton.jit
-def _find_request(query_start_loc, tile, num_reqs, BLOCK_Q: tl.constexpr):
+def find_request(query_start_loc, tile, num_reqs, BLOCK_Q: tl.constexpr):
     """The last request r with query_start_loc[r] // BLOCK_Q + r <= tile (binary search)."""
     lo = tl.zeros([], tl.int32)            # tensors from the start: loop-carried types must not change
     hi = tl.zeros([], tl.int32) + num_reqs - 1
@@ -75,6 +75,18 @@ def _attend_tile(q, m_i, l_i, acc, q_pos, start_n, kv_hi, table_row, k_base, v_b
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def split_share(seq_len, context, q_tile, split, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                NUM_SPLITS: tl.constexpr):
+    """[kv_lo, kv_hi): the context positions query tile ``q_tile`` of a request attends to in
+    split ``split``: the context the tile needs, cut into NUM_SPLITS shares of whole BLOCK_N
+    steps (the fused decode attention asks it which split holds the new position)."""
+    kv_end = tl.minimum(seq_len, context + (q_tile + 1) * BLOCK_Q)
+    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_lo = split * per_split
+    return kv_lo, tl.minimum(kv_end, kv_lo + per_split)
 
 
 @triton.jit
@@ -119,10 +131,10 @@ def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, tile,
 # variant the start-up warm-up had not met: compiled under serve-load on an H100, it stalled
 # every running request for 0.4-0.8 s (TTFT p99 970 ms at concurrency 64, against ~210 ms in
 # the runs before and after it; docs/bench-h100/serve-three-runs-b).
-_MIX_ARGS = ["num_reqs", "num_tokens", "stride_bt"]
+MIX_ARGS = ["num_reqs", "num_tokens", "stride_bt"]
 
 
-@triton.jit(do_not_specialize=_MIX_ARGS)
+@triton.jit(do_not_specialize=MIX_ARGS)
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     ws_acc_ptr, ws_ml_ptr,
@@ -176,7 +188,7 @@ def attend_program(
                            num_tiles, head, head_in_group < GROUP, offs_d, d_ok,
                            stride_ot, stride_oh, BLOCK_Q, GROUP_PAD, BLOCK_M, D_PAD)
 
-    req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
+    req = find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     q_tile = tile - (q_start // BLOCK_Q + req)
@@ -215,11 +227,7 @@ def _attend_tile_range(
     q_ptrs = q_ptr + row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)   # [BLOCK_M, D_PAD]
 
-    # context this tile needs, then this split's share of it (whole BLOCK_N steps)
-    kv_end = tl.minimum(seq_len, context + (q_tile + 1) * BLOCK_Q)
-    per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_lo = split * per_split
-    kv_hi = tl.minimum(kv_end, kv_lo + per_split)
+    kv_lo, kv_hi = split_share(seq_len, context, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

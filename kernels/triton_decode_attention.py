@@ -5,8 +5,8 @@ A decode step, and each of the draft's proposal passes, runs per layer the atten
 the first to drain. Here one launch does both. The program of (request, KV head, split):
 
 1. runs its request's token through the prologue for its KV head
-   (:func:`triton_prologue.prologue_group`, with the shapes and warps the standalone prologue
-   kernel uses, so it computes the same bits), writing the token's query heads to a scratch row
+   (:func:`triton_prologue.prologue_group`, with the shapes and the 4 warps of the standalone
+   prologue kernel, so it computes the same bits), writing the token's query heads to a scratch row
    of its split, and, only in the split whose share of the context holds the new position, the
    token's key and value to the cache;
 2. waits at a CTA barrier, which makes those stores visible to all of the program's threads
@@ -29,11 +29,12 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_prologue
-from specserve.kernels.triton_attention import _MIX_ARGS, _find_request, attend_program, merge_splits, plan_launch
-from specserve.kernels.triton_prologue import prologue_group
+from specserve.kernels.triton_attention import (MIX_ARGS, attend_program, find_request, merge_splits,
+                                                plan_launch, split_share)
+from specserve.kernels.triton_prologue import PROLOGUE_WARPS, prologue_group
 
 
-@triton.jit(do_not_specialize=_MIX_ARGS)
+@triton.jit(do_not_specialize=MIX_ARGS)
 def _decode_attention_kernel(
     qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr,
     seq_lens_ptr, ws_acc_ptr, ws_ml_ptr, qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr,
@@ -54,14 +55,14 @@ def _decode_attention_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_split = q_ptr + split * stride_q_split
-    req = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
+    req = find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
     if (tile == q_start // BLOCK_Q + req) & (q_len > 0):       # the request's tile: its token
         seq_len = tl.load(seq_lens_ptr + req)
-        # this split's share of the context, as attend_program cuts it (one query token)
-        per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        holds_new = split == (seq_len - 1) // tl.maximum(per_split, BLOCK_N)
+        # this split's share of the context, cut as attend_program cuts it (one query token)
+        kv_lo, kv_hi = split_share(seq_len, seq_len - 1, 0, split, BLOCK_Q, BLOCK_N, NUM_SPLITS)
+        holds_new = (kv_lo <= seq_len - 1) & (seq_len - 1 < kv_hi)
         prologue_group(q_start.to(tl.int64), kv_head, qkv_ptr, q_split, k_cache_ptr, v_cache_ptr,
                        qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr, eps, holds_new, stride_qkv,
                        NUM_Q_HEADS * HEAD_DIM, stride_cache, stride_kb, stride_ks, stride_vb,
@@ -85,7 +86,12 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
                      query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      max_seq_len: Optional[int], num_splits: Optional[int] = None) -> torch.Tensor:
     """``attention_prologue`` then ``paged_attention`` with ``max_query_len`` 1 (every request
-    has at most one query token), in one launch (plus the split merge) -> [N, Hq, D]."""
+    has at most one query token), in one launch (plus the split merge) -> [N, Hq, D], or None
+    where the attention tile would run 8 warps (a GQA group over 64 heads): the prologue's
+    bits are those of its 4-warp kernel only, so the caller runs the two kernels there.
+
+    Rows past the last request's token (batch padding) get no prologue here: their slots must
+    be -1, as the engine's are (the two-kernel path would write a padding row's K/V)."""
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     num_tokens = qkv.shape[0]
@@ -95,6 +101,8 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
     triton_prologue.check_cache_layout(k_cache, v_cache, head_dim)
     launch = plan_launch((num_tokens, num_heads, head_dim), qkv.dtype, qkv.device, num_kv_heads,
                          num_reqs, 1, max_seq_len, num_splits)
+    if launch.num_warps != PROLOGUE_WARPS:
+        return None
     q = torch.empty((launch.splits, num_tokens, num_heads, head_dim), dtype=qkv.dtype,
                     device=qkv.device)                                # each split's own q rows
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
@@ -110,6 +118,6 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
         q.stride(0), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
         block_tables.stride(0), **consts, ATT_D_PAD=att["D_PAD"], BLOCK_Q=att["BLOCK_Q"],
         BLOCK_N=att["BLOCK_N"], NUM_SPLITS=att["NUM_SPLITS"], PRECISION=att["PRECISION"],
-        WHILE_LOOP=att["WHILE_LOOP"], num_warps=launch.num_warps)
+        WHILE_LOOP=att["WHILE_LOOP"], num_warps=PROLOGUE_WARPS)
     merge_splits(launch, query_start_loc, num_reqs, head_dim)
     return out

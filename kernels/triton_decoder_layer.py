@@ -247,7 +247,7 @@ def _stage_norm_silu(wg, wu, h_ptr, nw_ptr, eps, w_ptr, b_ptr, act_ptr, M, N, pi
         t += nprog
 
 
-# Integers that change with the batch are not specialised on (see triton_attention._MIX_ARGS:
+# Integers that change with the batch are not specialised on (see triton_attention.MIX_ARGS:
 # a variant first met under load stalls every request while it compiles).
 @triton.jit(do_not_specialize=["stride_bt", "num_reqs", "num_att_tiles", "M"])
 def _decoder_layer_kernel(

@@ -277,7 +277,7 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         **triton_prologue.constexprs(num_heads, num_kv_heads, head_dim, cache.shape[1], has_norm,
                                      k_cache.shape[1]),
-        num_warps=4)
+        num_warps=triton_prologue.PROLOGUE_WARPS)
     return q
 
 
@@ -305,7 +305,9 @@ def attention_with_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int
     args = (qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions,
             cos_sin_cache, k_cache, v_cache, slot_mapping)
     if _decode_fusion and max_query_len == 1:
-        return decode_attention(*args, block_tables, query_start_loc, seq_lens, scale, max_seq_len)
+        out = decode_attention(*args, block_tables, query_start_loc, seq_lens, scale, max_seq_len)
+        if out is not None:
+            return out
     q = attention_prologue(*args)
     return paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                            max_query_len, max_seq_len)

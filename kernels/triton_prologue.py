@@ -14,6 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+PROLOGUE_WARPS = 4   # every kernel calling prologue_group runs it with these warps (same bits)
+
 
 @triton.jit
 def cos_sin_rows(pos_ptr, token, cache_ptr, stride_cache, HALF: tl.constexpr, HALF_PAD: tl.constexpr):

@@ -86,7 +86,7 @@ def capture_pieces(pieces: PieceFactory, pool) -> tuple[list[torch.cuda.CUDAGrap
     torch.cuda.synchronize()
     captured, state = pieces()
     graphs = []
-    with _collector_paused():
+    with collector_paused():
         for piece in captured:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -98,7 +98,7 @@ def capture_pieces(pieces: PieceFactory, pool) -> tuple[list[torch.cuda.CUDAGrap
 
 
 @contextlib.contextmanager
-def _collector_paused():
+def collector_paused():
     """Python's cyclic garbage collector off for the captures. A collection that starts inside
     a capture may free unreachable CUDA graphs (another engine's, or anything in a reference
     cycle that holds them), and a graph's destructor is a CUDA call a capture forbids: the

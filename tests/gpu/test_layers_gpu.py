@@ -213,6 +213,9 @@ def test_decode_attention_bit_equal_to_two_kernels(heads: tuple[int, int], batch
         for s in step.slots.tolist():
             if s >= 0:
                 c.k_cache.view(-1, hk, D)[s] = float("nan")
+                c.v_cache.view(-1, hk, D)[s] = float("nan")
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+        assert torch.equal(c.k_cache.nan_to_num(7.0), k2.nan_to_num(7.0))
+        assert torch.equal(c.v_cache.nan_to_num(7.0), v2.nan_to_num(7.0))

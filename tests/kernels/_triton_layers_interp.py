@@ -250,7 +250,9 @@ def test_decode_attention_equals_prologue_then_attention(heads, qk_norm: bool, r
     _nan_outputs(monkeypatch)
     hq, hk = heads
     d, pad = 16, 2
-    step = decode_step([1, 7, 16, 33, 70], hq, hk, d, 4, dtype, seed=hq * 7 + splits,
+    # contexts 64 / 65 put the new position last in a share / first in the next (shares are
+    # whole steps of 32 (fp32) or 64 (fp16) positions)
+    step = decode_step([1, 7, 16, 33, 64, 65, 70], hq, hk, d, 4, dtype, seed=hq * 7 + splits,
                        qk_norm=qk_norm, rot_dim=rot_dim, pad_rows=pad, idle_rows=(1,))
     c = step.case
     caches = [x.clone() for x in (c.k_cache, c.v_cache) for _ in range(3)]
@@ -284,11 +286,14 @@ def test_attention_with_prologue_takes_the_fused_launch_only_for_one_token(monke
     step = decode_step([5, 9], hq, hk, d, 4, torch.float32, seed=2, qk_norm=False, rot_dim=d)
     c = step.case
     outs = []
-    for fused, max_q in ((True, 1), (False, 1), (True, 2)):
-        triton_layers.set_decode_fusion(fused)
-        k, v = c.k_cache.clone(), c.v_cache.clone()
-        outs.append(triton_layers.attention_with_prologue(
-            *step.prologue_args(hq, hk, d), k, v, step.slots, *step.meta(), max_q, c.max_seq_len))
-    triton_layers.set_decode_fusion(True)
+    try:
+        for fused, max_q in ((True, 1), (False, 1), (True, 2)):
+            triton_layers.set_decode_fusion(fused)
+            k, v = c.k_cache.clone(), c.v_cache.clone()
+            outs.append(triton_layers.attention_with_prologue(
+                *step.prologue_args(hq, hk, d), k, v, step.slots, *step.meta(), max_q,
+                c.max_seq_len))
+    finally:
+        triton_layers.set_decode_fusion(True)
     assert calls == [1]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -30,22 +30,57 @@ def test_logits_bytes_count_every_width_and_bucket():
     assert graph_logits_bytes(8, 64, 151936, 2) < 2 << 30
 
 
-def test_captures_run_with_the_cyclic_collector_paused():
+def test_captures_run_with_the_cycliccollector_paused():
     """A collection inside a capture may free another engine's CUDA graphs, a CUDA call that
     invalidates the capture (seen on an H100): the collector is off while capturing and comes
     back as it was."""
     import gc
 
-    from specserve.engine.runner.cuda_graphs import _collector_paused
+    from specserve.engine.runner.cuda_graphs import collector_paused
 
     assert gc.isenabled()
-    with _collector_paused():
+    with collector_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with _collector_paused():
+        with collector_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_capture_pieces_captures_with_the_collector_paused(monkeypatch):
+    """capture_pieces itself runs every capture under the pause (CUDA stand-ins record the
+    collector's state when each capture begins; the warm-up pass runs with it on)."""
+    import contextlib
+    import gc
+
+    import torch
+
+    from specserve.engine.runner import cuda_graphs
+
+    seen = []
+
+    class FakeGraph:
+        def pool(self):
+            return "pool"
+
+    @contextlib.contextmanager
+    def fake_capture(graph, pool=None):
+        seen.append(("capture", gc.isenabled()))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def pieces():
+        return [lambda: seen.append(("piece", gc.isenabled()))] * 2, []
+
+    graphs, _, pool = cuda_graphs.capture_pieces(pieces, None)
+    assert len(graphs) == 2 and pool == "pool"
+    assert seen == [("piece", True), ("piece", True), ("capture", False), ("piece", False),
+                    ("capture", False), ("piece", False)]
+    assert gc.isenabled()
