@@ -2,12 +2,14 @@
 in one process. ``--switch fused-layer`` (default): the decoder layers op by op against one
 persistent kernel per layer (kernels/triton_decoder_layer.py). ``--switch decode-attention``:
 the attention prologue and attention as two kernels against one (kernels/triton_decode_attention.py).
+With ``fused-layer``, "off" runs the layers op by op with the fused decode attention (the
+default since a37617c), so it is not the baseline of the fused-layer runs before that commit.
 
 The model (dummy bf16 weights, Qwen3-0.6B shape) runs embeddings -> 28 layers -> final norm ->
 LM head over a random paged KV cache (each row after ``--context`` tokens), captured as a CUDA
 graph per (rows, fused off / on) and timed alternately, ``--rounds`` times. Before timing, one
 eager forward of each from the same cache: the logits' largest difference and whether the
-argmax agrees. Also the draft's roofline (weight bytes / copy bandwidth) and what each fused
+argmax agrees. Also the model's roofline (weight bytes / copy bandwidth) and what each fused
 variant compiled to (registers, programs per SM, grid).
 
     python scripts/fused_layer_ab.py --out /tmp/fused    (GPU only)
@@ -107,7 +109,7 @@ def main() -> None:
         return model.compute_logits(model.final_norm(x, res))
 
     lines = [f"# {args.switch} A/B ({args.shape}) on {torch.cuda.get_device_name() if cuda else dev}, {time.strftime('%F %T')}",
-             f"copy bandwidth {bw / 1e9:.0f} GB/s; the draft's roofline {roof * 1e6:.1f} us per "
+             f"copy bandwidth {bw / 1e9:.0f} GB/s; the model's roofline {roof * 1e6:.1f} us per "
              f"1-token step; context {args.context}; CUDA graphs, {args.replays} replays per timing"]
     graphs, keep, results = {}, [], {"bandwidth": bw, "roofline_s": roof, "cells": {}}
     for m in [int(r) for r in args.rows.split(",")]:
