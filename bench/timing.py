@@ -7,11 +7,13 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import torch
 
 from specserve.engine.runner.cuda_graphs import collector_paused
+
+T = TypeVar("T")
 
 
 def synchronize(device: torch.device) -> None:
@@ -35,6 +37,22 @@ def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repe
         synchronize(device)
         out.append(time.perf_counter() - t0)
     return out
+
+
+def capture_graph(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``fn`` run once on a side stream (the warm-up: Triton compiles, libraries pick their
+    kernels), then captured as a CUDA graph with the cyclic collector paused. Returns the graph
+    and what the captured call returned: its tensors are the graph's outputs. Keep them, and
+    every input ``fn`` reads, alive while the graph is replayed (a freed input is read anyway)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with collector_paused(), torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def graph_us_per_call(fn: Callable[[], object], calls: int, replays: int) -> float:

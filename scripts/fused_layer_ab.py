@@ -28,16 +28,10 @@ import torch
 
 
 def capture(fn):
-    """``fn`` run once on a side stream (warm-up), then captured as a CUDA graph: its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """``fn`` captured as a CUDA graph (bench.timing.capture_graph): its replay."""
+    from specserve.bench.timing import capture_graph
+
+    return capture_graph(fn)[0].replay
 
 
 def main() -> None:

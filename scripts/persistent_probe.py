@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.bench.timing import capture_graph
+
 
 @triton.jit
 def _spin_load(ptr, SPIN: tl.constexpr):
@@ -266,15 +268,7 @@ def _time_us(fn, iters=50, warm=5) -> float:
 
 
 def _graph(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
+    return capture_graph(fn)[0]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import random
 import pytest
 import torch
 
+from specserve.bench.timing import capture_graph
 from tests.kernels.layer_cases import make_paged_case, rotary_cache, step_rows
 
 pytestmark = [pytest.mark.gpu,
@@ -159,14 +160,7 @@ def test_fused_layer_replays_in_a_cuda_graph() -> None:
             return ops.decoder_layer(out, h, layer2.weights(), *args)
 
         eager = [t.clone() for t in two_layers()]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            two_layers()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = two_layers()
+        graph, static = capture_graph(two_layers)
         gen = torch.Generator(device="cuda").manual_seed(0)
         for i in range(50):
             if i % 10 == 9:   # new inputs, checked against an eager call

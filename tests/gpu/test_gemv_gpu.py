@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specserve.bench.timing import capture_graph
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -43,14 +45,7 @@ def _assert_graph_replays_equal_eager(call) -> None:
     """``call()`` run eagerly, then warmed up on a side stream, captured in a CUDA graph and
     replayed three times: every replay equals the eager result bit for bit."""
     eager = call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = capture_graph(call)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

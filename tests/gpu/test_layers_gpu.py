@@ -19,6 +19,7 @@ import random
 import pytest
 import torch
 
+from specserve.bench.timing import capture_graph
 from tests.kernels.layer_cases import dense_attention, make_paged_case, rotary_cache
 
 pytestmark = [pytest.mark.gpu,
@@ -201,14 +202,7 @@ def test_decode_attention_bit_equal_to_two_kernels(heads: tuple[int, int], batch
         if s >= 0:
             c.k_cache.view(-1, hk, D)[s] = float("nan")
             c.v_cache.view(-1, hk, D)[s] = float("nan")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fused()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fused()
+    graph, out = capture_graph(fused)
     for _ in range(20):
         for s in step.slots.tolist():
             if s >= 0:
