@@ -185,7 +185,19 @@ CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {
 # tiles of the 8B qkv, the 8B gate_up (from 4 rows) and the 0.6B gate_up, 0.96-0.98x on the
 # 0.6B qkv; fused at every row count, the 8B + 0.6B speculative step went from 11.87 to 12.23 ms.
 NORM_PROLOGUE_SHAPES: frozenset[tuple[int, int]] = frozenset(
-    {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024)})
+    {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024), (6144, 1024)})
+
+# The fused launch's own shape at one row, where the plain GEMV's would be slower: each of its
+# programs normalises the whole row first, so fewer, wider programs pay more than they do for a
+# plain linear. From `python scripts/norm_gemv_ab.py --sweep N,K` on an H100 (2026-11-27,
+# docs/bench-h100/norm-sweep; fused / the two kernels): the Qwen3-0.6B gate_up 5.18 / 6.51 us
+# (0.80; at the plain entry, block_n 4, it was 7.54, 1.16, hence unfused until then) and qkv
+# 4.11 / 4.97 us (0.83; 4.58 at the plain entry). Used where the plain table is the H100's; a GPU
+# with a table of its own (DEVICE_TABLES) keeps its plain entries, not swept for this launch.
+NORM_ONE_ROW: dict[tuple[int, int], GemvConfig] = {
+    (6144, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
+    (4096, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
+}
 
 
 def _row_bucket(m: int) -> int:
@@ -292,6 +304,21 @@ def device_table(device: Optional[torch.device] = None
 def clear_table_cache() -> None:
     """Look the tables up again (after DEVICE_TABLES or the TABLE_ENV variable changed)."""
     device_table.cache_clear()
+    _has_own_table.cache_clear()
+
+
+def _norm_config(m: int, n: int, k: int, device: torch.device) -> Optional[GemvConfig]:
+    """The fused add + RMSNorm launch's shape: :data:`NORM_ONE_ROW` on a GPU that uses the H100
+    table, else the plain GEMV's (:func:`gemv_config`)."""
+    if m == 1 and (n, k) in NORM_ONE_ROW and not _has_own_table(device):
+        return NORM_ONE_ROW[(n, k)]
+    return gemv_config(m, n, k, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_own_table(device: torch.device) -> bool:
+    """Whether the GPU's name picks one of :data:`DEVICE_TABLES` (looked up once per device)."""
+    return any(key in _device_name(device) for key in DEVICE_TABLES)
 
 
 def gemv_config(m: int, n: int, k: int,
@@ -588,7 +615,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     m = x.numel() // k if k else 0
     if config is None and (m != 1 or (n, k) not in NORM_PROLOGUE_SHAPES):
         return None                      # the two ops are faster there (NORM_PROLOGUE_SHAPES)
-    cfg = config if config is not None else gemv_config(m, n, k, weight.device)
+    cfg = config if config is not None else _norm_config(m, n, k, weight.device)
     if (not _takes(cfg, m, k) or not _launchable(x, weight, bias, k)
             or (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
                                           or residual.device != x.device))

@@ -2,6 +2,8 @@
 in one process. ``--switch fused-layer`` (default): the decoder layers op by op against one
 persistent kernel per layer (kernels/triton_decoder_layer.py). ``--switch decode-attention``:
 the attention prologue and attention as two kernels against one (kernels/triton_decode_attention.py).
+``--switch norm-one-row``: the fused add + RMSNorm GEMV launches of kernels/triton_gemv.py's
+NORM_ONE_ROW (and the 0.6B gate_up fused) against the state before them.
 With ``fused-layer``, "off" runs the layers op by op with the fused decode attention (the
 default since a37617c), so it is not the baseline of the fused-layer runs before that commit.
 
@@ -45,7 +47,8 @@ def main() -> None:
                     help="a bench.shapes model shape (TINY_DRAFT with --device cpu: a smoke run "
                          "under TRITON_INTERPRET=1, eager, no graphs)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--switch", choices=["fused-layer", "decode-attention"], default="fused-layer",
+    ap.add_argument("--switch", choices=["fused-layer", "decode-attention", "norm-one-row"],
+                    default="fused-layer",
                     help="the fusion turned off and on")
     ap.add_argument("--variants", default="",
                     help="extra fused variants at the first row count, comma-separated: "
@@ -59,16 +62,25 @@ def main() -> None:
     from specserve.engine.models.llama import AttentionMetadata
     from specserve.engine.models.loader import load_model
     from specserve.engine.models.spec import read_model_spec
-    from specserve.kernels import backend, ops, triton_decoder_layer
+    from specserve.kernels import backend, ops, triton_decoder_layer, triton_gemv
 
     backend.set_backend("triton")
 
-    def switch(flag: bool) -> None:
-        (ops.set_fused_layer if args.switch == "fused-layer" else ops.set_decode_fusion)(flag)
+    norm_table, norm_shapes = triton_gemv.NORM_ONE_ROW, triton_gemv.NORM_PROLOGUE_SHAPES
 
-    def restore() -> None:                 # the defaults: no fused layer, fused decode attention
+    def switch(flag: bool) -> None:
+        if args.switch == "fused-layer":
+            ops.set_fused_layer(flag)
+        elif args.switch == "decode-attention":
+            ops.set_decode_fusion(flag)
+        else:   # norm-one-row: off is the state before NORM_ONE_ROW (0.6B gate_up unfused)
+            triton_gemv.NORM_ONE_ROW = norm_table if flag else {}
+            triton_gemv.NORM_PROLOGUE_SHAPES = norm_shapes if flag else norm_shapes - {(6144, 1024)}
+
+    def restore() -> None:                 # the defaults
         ops.set_fused_layer(False)
         ops.set_decode_fusion(True)
+        triton_gemv.NORM_ONE_ROW, triton_gemv.NORM_PROLOGUE_SHAPES = norm_table, norm_shapes
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     ckpt = shapes.write_checkpoint(os.path.join(tempfile.mkdtemp(), "draft"),

@@ -135,7 +135,8 @@ def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
              lambda: G.add_rms_norm_linear(x, x, torch.ones(k), 1e-6, w))
     for call in calls:
         call()
-    assert launched == [G.CONFIG_TABLE[(1, n, k)]] * 3      # the CPU's table: the H100's
+    # the CPU's table: the H100's, and the fused norm launch's own shape (NORM_ONE_ROW)
+    assert launched == [G.CONFIG_TABLE[(1, n, k)]] * 2 + [G.NORM_ONE_ROW[(n, k)]]
     launched.clear()
     monkeypatch.setattr(G, "DEVICE_TABLES", {"H200": {(1, n, k): None}})
     monkeypatch.setattr(G, "_device_name", lambda device: "NVIDIA H200")
