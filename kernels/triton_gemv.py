@@ -178,25 +178,28 @@ CONFIG_TABLE: dict[tuple[int, int, int], Optional[GemvConfig]] = {
 
 
 # (N, K) of the projections where the NORM prologue at one row beat the norm kernel + GEMV on an
-# H100 (scripts/norm_gemv_ab.py, 2026-11-26, docs/bench-h100/norm-prologue: fused / two ops =
-# 0.95 Qwen3-8B qkv, 0.99 gate_up, 0.85 Qwen3-0.6B qkv, 1.00 Llama-3-8B gate_up). Everywhere
-# else the two ops run. At one row of the 0.6B gate_up (N = 6144, K = 1024: four K tiles per
-# program) the prologue was 1.12x slower. At 2-8 rows it was 1.1-1.6x slower on the tensor-core
-# tiles of the 8B qkv, the 8B gate_up (from 4 rows) and the 0.6B gate_up, 0.96-0.98x on the
-# 0.6B qkv; fused at every row count, the 8B + 0.6B speculative step went from 11.87 to 12.23 ms.
+# H100 at the plain GEMV's launch shape (scripts/norm_gemv_ab.py, 2026-11-26,
+# docs/bench-h100/norm-prologue: fused / two ops = 0.95 Qwen3-8B qkv, 0.99 gate_up, 0.85
+# Qwen3-0.6B qkv, 1.00 Llama-3-8B gate_up). At one row of the 0.6B gate_up (N = 6144, K = 1024)
+# it was 1.12x slower at that shape; it is fused only where NORM_ONE_ROW gives it a shape of its
+# own. At 2-8 rows the prologue was 1.1-1.6x slower on the tensor-core tiles of the 8B qkv, the 8B
+# gate_up (from 4 rows) and the 0.6B gate_up, 0.96-0.98x on the 0.6B qkv; fused at every row
+# count, the 8B + 0.6B speculative step went from 11.87 to 12.23 ms.
 NORM_PROLOGUE_SHAPES: frozenset[tuple[int, int]] = frozenset(
-    {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024), (6144, 1024)})
+    {(6144, 4096), (24576, 4096), (28672, 4096), (4096, 1024)})
 
-# The fused launch's own shape at one row, where the plain GEMV's would be slower: each of its
-# programs normalises the whole row first, so fewer, wider programs pay more than they do for a
-# plain linear. From `python scripts/norm_gemv_ab.py --sweep N,K` on an H100 (2026-11-27,
-# docs/bench-h100/norm-sweep; fused / the two kernels): the Qwen3-0.6B gate_up 5.18 / 6.51 us
-# (0.80; at the plain entry, block_n 4, it was 7.54, 1.16, hence unfused until then) and qkv
-# 4.11 / 4.97 us (0.83; 4.58 at the plain entry). Used where the plain table is the H100's; a GPU
-# with a table of its own (DEVICE_TABLES) keeps its plain entries, not swept for this launch.
-NORM_ONE_ROW: dict[tuple[int, int], GemvConfig] = {
-    (6144, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
-    (4096, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
+# The fused launch's own shape at one row, by GPU name, where the plain GEMV's would be slower:
+# each of its programs normalises the whole row first, so wider column blocks (fewer programs)
+# pay more than they do for a plain linear. A shape here is fused at one row on that GPU even
+# where NORM_PROLOGUE_SHAPES does not name it. From `python scripts/norm_gemv_ab.py --sweep N,K`
+# on an H100 (2026-11-27, docs/bench-h100/norm-sweep; fused / the two kernels, 36 calls per
+# graph): the Qwen3-0.6B gate_up 5.18 / 6.51 us (0.80) and qkv 4.11 / 4.97 us (0.83; 4.58 at the
+# plain entry). Other GPUs keep the plain shapes (a SPECSERVE_GEMV_TABLE file changes plain shapes only).
+NORM_ONE_ROW: dict[str, dict[tuple[int, int], GemvConfig]] = {
+    "H100": {
+        (6144, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
+        (4096, 1024): GemvConfig(16, 256, 1, 4, 3, "late"),
+    },
 }
 
 
@@ -304,21 +307,21 @@ def device_table(device: Optional[torch.device] = None
 def clear_table_cache() -> None:
     """Look the tables up again (after DEVICE_TABLES or the TABLE_ENV variable changed)."""
     device_table.cache_clear()
-    _has_own_table.cache_clear()
+    norm_table.cache_clear()
 
 
 def _norm_config(m: int, n: int, k: int, device: torch.device) -> Optional[GemvConfig]:
-    """The fused add + RMSNorm launch's shape: :data:`NORM_ONE_ROW` on a GPU that uses the H100
-    table, else the plain GEMV's (:func:`gemv_config`)."""
-    if m == 1 and (n, k) in NORM_ONE_ROW and not _has_own_table(device):
-        return NORM_ONE_ROW[(n, k)]
-    return gemv_config(m, n, k, device)
+    """The fused add + RMSNorm launch's shape: this GPU's :data:`NORM_ONE_ROW` entry at one row,
+    else the plain GEMV's (:func:`gemv_config`)."""
+    own = norm_table(device).get((n, k)) if m == 1 else None
+    return own if own is not None else gemv_config(m, n, k, device)
 
 
 @functools.lru_cache(maxsize=None)
-def _has_own_table(device: torch.device) -> bool:
-    """Whether the GPU's name picks one of :data:`DEVICE_TABLES` (looked up once per device)."""
-    return any(key in _device_name(device) for key in DEVICE_TABLES)
+def norm_table(device: torch.device) -> dict[tuple[int, int], GemvConfig]:
+    """This GPU's :data:`NORM_ONE_ROW` table (empty for other devices), looked up once per device."""
+    name = _device_name(device)
+    return next((t for key, t in NORM_ONE_ROW.items() if key in name), {})
 
 
 def gemv_config(m: int, n: int, k: int,
@@ -606,14 +609,16 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     x, residual [..., K], norm_weight [K], weight [N, K] -> ([..., N], h [..., K]). h equals the
     add_rms_norm kernel's new residual bit for bit; the product differs from the two ops only in
     that the normalised row is not rounded to the dtype before it (module docstring, NORM). The
-    launch shape is ``config``, default :func:`linear`'s for (M, N, K), always in one slice of K.
-    None without ``config`` except for one row of a shape in :data:`NORM_PROLOGUE_SHAPES`
-    (where it measured faster), and for rows outside 1..MAX_ROWS, a shape the table gives to
+    launch shape is ``config``, default this GPU's :data:`NORM_ONE_ROW` entry, else :func:`linear`'s
+    for (M, N, K), always in one slice of K. None without ``config`` except for one row of a shape
+    in :data:`NORM_PROLOGUE_SHAPES` or this GPU's NORM_ONE_ROW (where it measured faster), and for
+    rows outside 1..MAX_ROWS, a shape the table gives to
     cuBLAS, mixed dtypes or devices, operands without a unit stride along K, fp16 in "dot" mode.
     """
     n, k = weight.shape
     m = x.numel() // k if k else 0
-    if config is None and (m != 1 or (n, k) not in NORM_PROLOGUE_SHAPES):
+    if config is None and (m != 1 or ((n, k) not in NORM_PROLOGUE_SHAPES
+                                      and (n, k) not in norm_table(weight.device))):
         return None                      # the two ops are faster there (NORM_PROLOGUE_SHAPES)
     cfg = config if config is not None else _norm_config(m, n, k, weight.device)
     if (not _takes(cfg, m, k) or not _launchable(x, weight, bias, k)

@@ -65,8 +65,10 @@ def main() -> None:
     from specserve.kernels import backend, ops, triton_decoder_layer, triton_gemv
 
     backend.set_backend("triton")
+    if args.switch == "norm-one-row" and not triton_gemv.norm_table(torch.device(args.device)):
+        print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")
 
-    norm_table, norm_shapes = triton_gemv.NORM_ONE_ROW, triton_gemv.NORM_PROLOGUE_SHAPES
+    norm_tables = triton_gemv.NORM_ONE_ROW
 
     def switch(flag: bool) -> None:
         if args.switch == "fused-layer":
@@ -74,13 +76,14 @@ def main() -> None:
         elif args.switch == "decode-attention":
             ops.set_decode_fusion(flag)
         else:   # norm-one-row: off is the state before NORM_ONE_ROW (0.6B gate_up unfused)
-            triton_gemv.NORM_ONE_ROW = norm_table if flag else {}
-            triton_gemv.NORM_PROLOGUE_SHAPES = norm_shapes if flag else norm_shapes - {(6144, 1024)}
+            triton_gemv.NORM_ONE_ROW = norm_tables if flag else {}
+            triton_gemv.clear_table_cache()
 
     def restore() -> None:                 # the defaults
         ops.set_fused_layer(False)
         ops.set_decode_fusion(True)
-        triton_gemv.NORM_ONE_ROW, triton_gemv.NORM_PROLOGUE_SHAPES = norm_table, norm_shapes
+        triton_gemv.NORM_ONE_ROW = norm_tables
+        triton_gemv.clear_table_cache()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     ckpt = shapes.write_checkpoint(os.path.join(tempfile.mkdtemp(), "draft"),

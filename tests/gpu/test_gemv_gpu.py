@@ -102,7 +102,7 @@ def test_ops_silu_mul_linear_in_a_cuda_graph_is_deterministic() -> None:
         backend.set_backend("torch")
 
 
-@pytest.mark.parametrize("n,k", [(6144, 4096), (24576, 4096), (4096, 1024)])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (24576, 4096), (4096, 1024), (6144, 1024)])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_add_rms_norm_linear_at_model_shapes(n: int, k: int, m: int, with_residual: bool) -> None:
@@ -118,8 +118,9 @@ def test_add_rms_norm_linear_at_model_shapes(n: int, k: int, m: int, with_residu
     g = (1 + 0.2 * torch.randn(k, device="cuda", generator=gen)).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
     residual = res if with_residual else None
-    # this GPU's config (where its table sends the shape to cuBLAS, the shape-only default)
-    cfg = triton_gemv.gemv_config(m, n, k, w.device) or triton_gemv._default_config(m, n, k)
+    # this GPU's config for the fused launch (its NORM_ONE_ROW shape at one row, else the plain
+    # table's; where that sends the shape to cuBLAS, the shape-only default)
+    cfg = triton_gemv._norm_config(m, n, k, w.device) or triton_gemv._default_config(m, n, k)
     y, h = triton_gemv.add_rms_norm_linear(x, residual, g, 1e-6, w, config=cfg)
     want_h = triton_layers.add_rms_norm(x, res, g, 1e-6)[1] if with_residual else x
     assert torch.equal(h, want_h)

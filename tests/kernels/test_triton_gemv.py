@@ -135,14 +135,43 @@ def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
              lambda: G.add_rms_norm_linear(x, x, torch.ones(k), 1e-6, w))
     for call in calls:
         call()
-    # the CPU's table: the H100's, and the fused norm launch's own shape (NORM_ONE_ROW)
-    assert launched == [G.CONFIG_TABLE[(1, n, k)]] * 2 + [G.NORM_ONE_ROW[(n, k)]]
+    assert launched == [G.CONFIG_TABLE[(1, n, k)]] * 3      # the CPU's table: the H100's
     launched.clear()
     monkeypatch.setattr(G, "DEVICE_TABLES", {"H200": {(1, n, k): None}})
     monkeypatch.setattr(G, "_device_name", lambda device: "NVIDIA H200")
     G.clear_table_cache()
     assert isinstance(calls[0](), torch.Tensor) and calls[1]() is None and calls[2]() is None
     assert launched == []                   # cuBLAS (linear) or "not taken" (the fused two)
+
+
+def test_the_fused_norm_launch_takes_its_own_shape_on_an_h100_only(
+        fresh_tables, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of the 0.6B qkv and gate_up on a GPU named like an H100: the fused add + RMSNorm
+    launch at NORM_ONE_ROW's shape (the gate_up fused only there); on another GPU the qkv at the
+    plain table's shape and the gate_up not fused (recorded, not run: a CPU test)."""
+    G = fresh_tables
+    launched = []
+
+    def record(x2, weight, bias, cfg, silu_mul, norm=None):
+        launched.append(cfg)
+        return torch.zeros(x2.shape[0], weight.shape[0], dtype=x2.dtype)
+
+    monkeypatch.setattr(G, "_launch", record)
+    name = {"now": "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(G, "_device_name", lambda device: name["now"])
+
+    def fused(n: int, k: int):
+        x = torch.randn(1, k)
+        return G.add_rms_norm_linear(x, x, torch.ones(k), 1e-6, torch.randn(n, k))
+
+    h100 = G.NORM_ONE_ROW["H100"]
+    assert fused(6144, 1024) is not None and fused(4096, 1024) is not None
+    assert launched == [h100[(6144, 1024)], h100[(4096, 1024)]]
+    launched.clear()
+    name["now"] = "NVIDIA A100-SXM4-80GB"
+    G.clear_table_cache()
+    assert fused(6144, 1024) is None and fused(4096, 1024) is not None
+    assert launched == [G.CONFIG_TABLE[(1, 4096, 1024)]]
 
 
 def test_the_h200_table_is_its_recorded_sweep() -> None:
