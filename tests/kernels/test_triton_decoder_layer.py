@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.interpreter import run_interpreter_suite
+from tests.helpers.sm90 import H100_SMEM, compile_for_h100
 
 INTERP_TESTS = Path(__file__).with_name("_triton_decoder_layer_interp.py")
 
@@ -26,11 +27,9 @@ def test_interpreter_suite() -> None:
 def test_the_fused_layer_compiles_for_an_h100(rows: int, splits: int, multi: bool) -> None:
     """Through Triton's CUDA pipeline to a cubin (bundled ptxas) at a Qwen3-0.6B-like layer:
     the interpreter cannot see GPU code generation (loop-carried types, layouts, registers)."""
-    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("compiles for the GPU; not under the interpreter")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from specserve.kernels import triton_decoder_layer
 
@@ -45,22 +44,5 @@ def test_the_fused_layer_compiles_for_an_h100(rows: int, splits: int, multi: boo
     typed = {"pos_ptr": "*i64", "slot_ptr": "*i64", "block_tables_ptr": "*i32",
              "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "cos_sin_ptr": "*fp32",
              "ws_acc": "*fp32", "ws_ml": "*fp32", "bar_ptr": "*i32"}
-    sig = {}
-    for name in fn.arg_names:
-        if name in const:
-            sig[name] = "constexpr"
-        elif name in typed:
-            sig[name] = typed[name]
-        elif name.endswith(("_ptr", "_buf")):
-            sig[name] = "*bf16"
-        elif name in ("scale", "eps"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i64" if name.startswith("stride") else "i32"
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    try:
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": triton_decoder_layer.NUM_WARPS})
-    except FileNotFoundError as e:  # a Triton build without its bundled ptxas
-        pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
-    assert 0 < kernel.metadata.shared <= 227 * 1024
+    kernel = compile_for_h100(fn, const, "bf16", typed, triton_decoder_layer.NUM_WARPS)
+    assert 0 < kernel.metadata.shared <= H100_SMEM

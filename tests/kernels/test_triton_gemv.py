@@ -116,12 +116,8 @@ def test_tables_per_gpu_and_from_a_gemv_sweep(fresh_tables, monkeypatch: pytest.
     assert G._table_of("NVIDIA H200", str(path))[(1, 1024, 2048)] == G.GemvConfig(**best)
 
 
-def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """linear, silu_mul_linear and add_rms_norm_linear take their launch shape from the table
-    of the weight's device: a device named like an H200 whose table sends the shape to cuBLAS
-    gets no kernel launch (the launch is recorded, not run: this is a CPU test)."""
-    G = fresh_tables
+def _record_launches(G, monkeypatch: pytest.MonkeyPatch) -> list:
+    """The GEMV launches' configs, recorded instead of run (CPU tests of which shape is asked)."""
     launched = []
 
     def record(x2, weight, bias, cfg, silu_mul, norm=None):
@@ -129,6 +125,16 @@ def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
         return torch.zeros(x2.shape[0], weight.shape[0], dtype=x2.dtype)
 
     monkeypatch.setattr(G, "_launch", record)
+    return launched
+
+
+def test_the_linears_ask_for_their_weights_device_table(fresh_tables,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear, silu_mul_linear and add_rms_norm_linear take their launch shape from the table
+    of the weight's device: a device named like an H200 whose table sends the shape to cuBLAS
+    gets no kernel launch (the launch is recorded, not run: this is a CPU test)."""
+    G = fresh_tables
+    launched = _record_launches(G, monkeypatch)
     n, k = 4096, 1024                       # in NORM_PROLOGUE_SHAPES: add_rms_norm_linear fuses it
     w, x = torch.randn(n, k), torch.randn(1, k)
     calls = (lambda: G.linear(x, w), lambda: G.silu_mul_linear(torch.randn(1, 2 * k), w),
@@ -150,13 +156,7 @@ def test_the_fused_norm_launch_takes_its_own_shape_on_an_h100_only(
     launch at NORM_ONE_ROW's shape (the gate_up fused only there); on another GPU the qkv at the
     plain table's shape and the gate_up not fused (recorded, not run: a CPU test)."""
     G = fresh_tables
-    launched = []
-
-    def record(x2, weight, bias, cfg, silu_mul, norm=None):
-        launched.append(cfg)
-        return torch.zeros(x2.shape[0], weight.shape[0], dtype=x2.dtype)
-
-    monkeypatch.setattr(G, "_launch", record)
+    launched = _record_launches(G, monkeypatch)
     name = {"now": "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(G, "_device_name", lambda device: name["now"])
 

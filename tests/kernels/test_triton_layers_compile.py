@@ -17,34 +17,16 @@ triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles for the GPU; not under the interpreter", allow_module_level=True)
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from tests.helpers.sm90 import H100_SMEM, compile_for_h100  # noqa: E402
 
-H100_SMEM = 227 * 1024
 INT_PTRS = {"block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
             "slot_ptr": "*i64", "pos_ptr": "*i64", "cache_ptr": "*fp32",
             "ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
 
 
 def _compile(fn, dtype: str, constexprs: dict, num_warps: int = 4) -> int:
-    """Compile ``fn`` for sm_90 with every pointer of ``dtype``; returns the shared memory used."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = INT_PTRS.get(name, "*" + dtype)
-        elif name in ("scale", "eps"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i64" if name.startswith("stride") else "i32"
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    try:
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": num_warps, "num_stages": 3})
-    except FileNotFoundError as e:  # a Triton build without its bundled ptxas
-        pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
-    return kernel.metadata.shared
+    """Compile ``fn`` for sm_90 with every other pointer of ``dtype``; returns the shared memory used."""
+    return compile_for_h100(fn, constexprs, dtype, INT_PTRS, num_warps).metadata.shared
 
 
 @pytest.mark.parametrize("dtype,rows,block_n,splits,warps", [
