@@ -117,6 +117,14 @@ def set_decode_fusion(flag):
     selected().layers.set_decode_fusion(flag)
 
 
+def set_pdl(flag):
+    """Whether the Triton kernels of a forward (GEMV, decode attention) may launch ahead of the
+    kernel before them and prefetch their weights to L2 meanwhile (programmatic dependent launch,
+    kernels/triton_pdl.py; default on, on GPUs of compute capability 9.0 and later; off for A/B
+    runs). Changes no result. Set before CUDA graphs are captured."""
+    selected().layers.set_pdl(flag)
+
+
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,
                  probs_out=None, stream=DRAFT):
     """``probs_out`` (a contiguous [B, V] fp32 tensor) receives q instead of a new tensor.

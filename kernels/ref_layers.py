@@ -207,6 +207,10 @@ def set_decode_fusion(flag: bool) -> None:
     """The reference runs the prologue and attention apart either way."""
 
 
+def set_pdl(flag: bool) -> None:
+    """The reference launches no kernels of its own."""
+
+
 def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` cached tokens of one request. blocks: [>= ceil(length/bs)] -> [length, Hk, D]."""
     block_size = cache.shape[1]

@@ -33,6 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.kernels import triton_pdl
+from specserve.kernels.triton_pdl import after_producer
+
 _MIN_TOKENS_PER_SPLIT = 128
 
 
@@ -146,9 +149,11 @@ def _paged_attention_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context."""
+    """Grid (tiles, Hk, NUM_SPLITS): one query tile x one KV head x one share of the context.
+    ``PDL``: launched ahead of the kernel before it (kernels/triton_pdl.py)."""
+    after_producer(PDL)
     attend_program(
         tl.program_id(0), tl.num_programs(0), tl.program_id(1), tl.program_id(2),
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr,
@@ -257,12 +262,14 @@ def _attend_tile_range(
 def _merge_splits_kernel(
     ws_acc_ptr, ws_ml_ptr, out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+    """out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. ``PDL``: see
+    kernels/triton_pdl.py.
 
     Every split of an owned row wrote its (m, l, acc), an empty share as m = -inf; rows past the
     last request's queries (batch padding) were never written and come out as zeros."""
+    after_producer(PDL)
     merge_program(tl.program_id(0).to(tl.int64), tl.program_id(1), ws_acc_ptr, ws_ml_ptr,
                   out_ptr, query_start_loc_ptr, num_reqs, num_tokens, stride_ot, stride_oh,
                   NUM_Q_HEADS, HEAD_DIM, D_PAD, NUM_SPLITS)
@@ -404,8 +411,10 @@ def plan_launch(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.d
                   ws_ml)
 
 
-def merge_splits(launch: Launch, query_start_loc: torch.Tensor, num_reqs: int, head_dim: int) -> None:
-    """The split-KV merge into ``launch.out`` (nothing to do for one split)."""
+def merge_splits(launch: Launch, query_start_loc: torch.Tensor, num_reqs: int, head_dim: int,
+                 pdl: bool = False) -> None:
+    """The split-KV merge into ``launch.out`` (nothing to do for one split); ``pdl``: launched
+    ahead of the attention kernel (kernels/triton_pdl.py)."""
     if launch.splits == 1:
         return
     out = launch.out
@@ -413,7 +422,7 @@ def merge_splits(launch: Launch, query_start_loc: torch.Tensor, num_reqs: int, h
     _merge_splits_kernel[(num_tokens, num_q_heads)](
         launch.ws_acc, launch.ws_ml, out, query_start_loc, num_reqs, num_tokens, out.stride(0),
         out.stride(1), NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, D_PAD=launch.d_pad,
-        NUM_SPLITS=launch.splits)
+        NUM_SPLITS=launch.splits, PDL=pdl, **triton_pdl.launch_options(pdl))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -432,13 +441,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     launch = plan_launch(q.shape, q.dtype, q.device, num_kv_heads, num_reqs, max_query_len,
                          max_seq_len, num_splits)
     out = launch.out
+    pdl = triton_pdl.active(q, _interpreting(), num_q_heads * head_dim)
     _paged_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
         launch.ws_ml, scale, num_reqs, num_tokens,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
         block_tables.stride(0),
         **launch.constexprs(num_q_heads, head_dim, k_cache.shape[1], q.dtype),
-        num_warps=launch.num_warps,
+        PDL=pdl, num_warps=launch.num_warps, **triton_pdl.launch_options(pdl),
     )
-    merge_splits(launch, query_start_loc, num_reqs, head_dim)
+    merge_splits(launch, query_start_loc, num_reqs, head_dim, pdl)
     return out

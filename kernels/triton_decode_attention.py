@@ -28,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.kernels import triton_prologue
+from specserve.kernels import triton_pdl, triton_prologue
 from specserve.kernels.triton_attention import (MIX_ARGS, attend_program, find_request, merge_splits,
                                                 plan_launch, split_share)
+from specserve.kernels.triton_pdl import after_producer
 from specserve.kernels.triton_prologue import PROLOGUE_WARPS, prologue_group
 
 
@@ -48,9 +49,11 @@ def _decode_attention_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, ATT_D_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    WHILE_LOOP: tl.constexpr,
+    WHILE_LOOP: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Grid (tiles, Hk, NUM_SPLITS) as the attention kernel's; q_ptr: scratch [splits, N, Hq, D]."""
+    """Grid (tiles, Hk, NUM_SPLITS) as the attention kernel's; q_ptr: scratch [splits, N, Hq, D].
+    ``PDL``: launched ahead of the kernel before it (kernels/triton_pdl.py)."""
+    after_producer(PDL)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -111,6 +114,7 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
                                         has_norm, k_cache.shape[1])
     att = launch.constexprs(num_heads, head_dim, k_cache.shape[1], qkv.dtype)
     out = launch.out
+    pdl = triton_pdl.active(qkv, att["WHILE_LOOP"], num_heads * head_dim)
     _decode_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
         qkv, q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
         launch.ws_ml, q_norm if has_norm else qkv, k_norm if has_norm else qkv, positions, cache,
@@ -118,6 +122,7 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
         q.stride(0), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
         block_tables.stride(0), **consts, ATT_D_PAD=att["D_PAD"], BLOCK_Q=att["BLOCK_Q"],
         BLOCK_N=att["BLOCK_N"], NUM_SPLITS=att["NUM_SPLITS"], PRECISION=att["PRECISION"],
-        WHILE_LOOP=att["WHILE_LOOP"], num_warps=PROLOGUE_WARPS)
-    merge_splits(launch, query_start_loc, num_reqs, head_dim)
+        WHILE_LOOP=att["WHILE_LOOP"], PDL=pdl, num_warps=PROLOGUE_WARPS,
+        **triton_pdl.launch_options(pdl))
+    merge_splits(launch, query_start_loc, num_reqs, head_dim, pdl)
     return out

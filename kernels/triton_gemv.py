@@ -53,6 +53,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from specserve.kernels import triton_pdl
+from specserve.kernels.triton_pdl import after_producer
+
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
 MODES = ("late", "step", "dot")
 
@@ -413,13 +416,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
                  MODE: tl.constexpr, PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
                  WHILE_LOOP: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
-                 HAS_RES: tl.constexpr):
+                 HAS_RES: tl.constexpr, PDL: tl.constexpr = False):
     """out[s, m, n] (fp32 partials, SPLIT_K > 1) or out[m, n] (+ bias, x's dtype) for this
     program's BLOCK_N columns and its slice [s * k_per_split, (s + 1) * k_per_split) of K.
     ``EVEN_K``: every slice is whole tiles inside K (no masks along K). ``SILU_MUL``: x_ptr is
     gate_up [M, 2K] and each x tile is silu(gate) * up (see :func:`silu_mul`). ``NORM`` (with
     SPLIT_K == 1): x is RMS-normalised with weight g_ptr, after adding r_ptr's residual rows
-    when ``HAS_RES`` (column block 0 stores the sum to ro_ptr)."""
+    when ``HAS_RES`` (column block 0 stores the sum to ro_ptr). ``PDL``: launched ahead of the
+    kernel before it (kernels/triton_pdl.py)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n0 = pid_n.to(tl.int64) * BLOCK_N
@@ -435,6 +439,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
     store_h = pid_n == 0
     m_ok = offs_m[:, None] < M
     k_lo = pid_k * k_per_split
+    after_producer(PDL)
     if MODE == "dot":
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     elif MODE == "late":
@@ -474,8 +479,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, k_per_split,
 
 @triton.jit
 def _split_reduce_kernel(part_ptr, b_ptr, out_ptr, N, stride_ps, stride_pm, stride_om,
-                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """out[m, n] = round(sum_s part[s, m, n] (in order s = 0, 1, ...) + bias[n])."""
+    after_producer(PDL)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -544,6 +551,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     res, res_out, g, eps = norm if norm is not None else (None, x2, weight, 0.0)
     res = res if res is not None else x2
+    pdl = triton_pdl.active(x2, interpreting(), min(n, k))
     _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
                        dst.stride(-2), dst.stride(0) if split > 1 else 0,
                        res, res_out, g, eps, res.stride(0), res_out.stride(0),
@@ -552,12 +560,14 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                        MODE=cfg.mode, PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                        NUM_STAGES=stages, WHILE_LOOP=interpreting(), SILU_MUL=silu_mul,
                        NORM=norm is not None, HAS_RES=norm is not None and norm[0] is not None,
-                       num_warps=cfg.num_warps)
+                       PDL=pdl,
+                       num_warps=cfg.num_warps, **triton_pdl.launch_options(pdl))
     if split > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(m, triton.cdiv(n, block))](
             dst, b, out, n, dst.stride(0), dst.stride(1), out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, num_warps=4)
+            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block, PDL=pdl, num_warps=4,
+            **triton_pdl.launch_options(pdl))
     return out
 
 

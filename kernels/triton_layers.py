@@ -14,11 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.kernels import triton_gemv, triton_prologue
+from specserve.kernels import triton_gemv, triton_pdl, triton_prologue
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_decode_attention import decode_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
 from specserve.kernels.triton_gemv import silu_mul as _silu_mul
+from specserve.kernels.triton_pdl import after_producer
 from specserve.kernels.triton_prologue import cos_sin_rows, prologue_group
 
 __all__ = ["linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
@@ -45,8 +46,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps, hidden,
                      stride_x, stride_res, stride_out, stride_res_out,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr):
-    """One row per program: [res_out =] x (+ res); out = w * round(norm(x (+ res)))."""
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
+    """One row per program: [res_out =] x (+ res); out = w * round(norm(x (+ res))). ``PDL``:
+    launched ahead of the kernel before it (kernels/triton_pdl.py)."""
+    after_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     ok = offs < hidden
@@ -74,9 +77,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if num_rows == 0:
         return out
     block = triton.next_power_of_2(hidden)
+    pdl = triton_pdl.active(x, triton_gemv.interpreting(), hidden)
     _rms_norm_kernel[(num_rows,)](x, x, weight, out, out, eps, hidden, x.stride(0), 0,
-                                  out.stride(0), 0, HAS_RESIDUAL=False, BLOCK_H=block,
-                                  num_warps=_norm_warps(block))
+                                  out.stride(0), 0, HAS_RESIDUAL=False, BLOCK_H=block, PDL=pdl,
+                                  num_warps=_norm_warps(block), **triton_pdl.launch_options(pdl))
     return out
 
 
@@ -90,9 +94,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if num_rows == 0:
         return out, new_res
     block = triton.next_power_of_2(hidden)
+    pdl = triton_pdl.active(x, triton_gemv.interpreting(), hidden)
     _rms_norm_kernel[(num_rows,)](x, residual, weight, out, new_res, eps, hidden, x.stride(0),
                                   residual.stride(0), out.stride(0), new_res.stride(0),
-                                  HAS_RESIDUAL=True, BLOCK_H=block, num_warps=_norm_warps(block))
+                                  HAS_RESIDUAL=True, BLOCK_H=block, PDL=pdl,
+                                  num_warps=_norm_warps(block), **triton_pdl.launch_options(pdl))
     return out, new_res
 
 
@@ -248,9 +254,11 @@ def _attention_prologue_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, qw_
                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                                HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                                HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
-                               TAIL_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                               TAIL_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                               PDL: tl.constexpr = False):
     """Grid (tokens, KV heads): a token's query heads of one KV head -> q_out, its k and v head
-    -> the caches at the token's slot."""
+    -> the caches at the token's slot. ``PDL``: see kernels/triton_pdl.py."""
+    after_producer(PDL)
     prologue_group(tl.program_id(0).to(tl.int64), tl.program_id(1), qkv_ptr, q_out_ptr,
                    k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr, pos_ptr, cache_ptr, slot_ptr, eps,
                    True, stride_qkv, stride_qo, stride_cache, stride_kcb, stride_kcs, stride_vcb,
@@ -271,13 +279,14 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
     triton_prologue.check_cache_layout(k_cache, v_cache, head_dim)
     cache = _row_major(cos_sin_cache)
     has_norm = q_norm is not None
+    pdl = triton_pdl.active(qkv, triton_gemv.interpreting(), num_heads * head_dim)
     _attention_prologue_kernel[(num_tokens, num_kv_heads)](
         qkv, q, k_cache, v_cache, q_norm if has_norm else qkv, k_norm if has_norm else qkv,
         positions, cache, slot_mapping, eps, qkv.stride(0), q.stride(0), cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         **triton_prologue.constexprs(num_heads, num_kv_heads, head_dim, cache.shape[1], has_norm,
                                      k_cache.shape[1]),
-        num_warps=triton_prologue.PROLOGUE_WARPS)
+        PDL=pdl, num_warps=triton_prologue.PROLOGUE_WARPS, **triton_pdl.launch_options(pdl))
     return q
 
 
@@ -289,6 +298,10 @@ _decode_fusion = True
 def set_decode_fusion(flag: bool) -> None:
     global _decode_fusion
     _decode_fusion = bool(flag)
+
+
+def set_pdl(flag: bool) -> None:
+    triton_pdl.set_enabled(flag)
 
 
 def attention_with_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -4,6 +4,8 @@ persistent kernel per layer (kernels/triton_decoder_layer.py). ``--switch decode
 the attention prologue and attention as two kernels against one (kernels/triton_decode_attention.py).
 ``--switch norm-one-row``: the fused add + RMSNorm GEMV launches of kernels/triton_gemv.py's
 NORM_ONE_ROW (and the 0.6B gate_up fused) against the state before them.
+``--switch pdl``: the GEMV and decode-attention kernels launched one after the other against
+launched ahead of the kernel before them, prefetching their weights (kernels/triton_pdl.py).
 With ``fused-layer``, "off" runs the layers op by op with the fused decode attention (the
 default since a37617c), so it is not the baseline of the fused-layer runs before that commit.
 
@@ -47,7 +49,7 @@ def main() -> None:
                     help="a bench.shapes model shape (TINY_DRAFT with --device cpu: a smoke run "
                          "under TRITON_INTERPRET=1, eager, no graphs)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--switch", choices=["fused-layer", "decode-attention", "norm-one-row"],
+    ap.add_argument("--switch", choices=["fused-layer", "decode-attention", "norm-one-row", "pdl"],
                     default="fused-layer",
                     help="the fusion turned off and on")
     ap.add_argument("--variants", default="",
@@ -75,6 +77,8 @@ def main() -> None:
             ops.set_fused_layer(flag)
         elif args.switch == "decode-attention":
             ops.set_decode_fusion(flag)
+        elif args.switch == "pdl":
+            ops.set_pdl(flag)
         else:   # norm-one-row: off is the state before NORM_ONE_ROW (0.6B gate_up unfused)
             triton_gemv.NORM_ONE_ROW = norm_tables if flag else {}
             triton_gemv.clear_table_cache()
@@ -82,6 +86,7 @@ def main() -> None:
     def restore() -> None:                 # the defaults
         ops.set_fused_layer(False)
         ops.set_decode_fusion(True)
+        ops.set_pdl(True)
         triton_gemv.NORM_ONE_ROW = norm_tables
         triton_gemv.clear_table_cache()
     dev = torch.device(args.device)

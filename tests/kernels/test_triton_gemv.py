@@ -209,7 +209,12 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
 
     from specserve.kernels import triton_gemv as G
 
+    # programmatic dependent launch (kernels/triton_pdl.py) on every other shape: its
+    # grid-dependency instructions must reach the PTX, and be absent when off
+    pdl = (block_m + split) % 2 == 0
+
     def build(fn, consts: dict, ptrs: dict) -> None:
+        consts = {**consts, "PDL": pdl}
         sig = {}
         for name in fn.arg_names:
             if name in consts:
@@ -219,10 +224,13 @@ def test_kernels_compile_for_sm90(block_m: int, block_n: int, block_k: int, spli
                     "i64" if name.startswith("stride") else "fp32" if name == "eps" else "i32")
         src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
         try:
-            triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps, "num_stages": stages})
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                    options={"num_warps": warps, "num_stages": stages})
         except FileNotFoundError as e:  # a Triton build without its bundled ptxas
             pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
+        ptx = kernel.asm["ptx"]
+        assert ("griddepcontrol.wait" in ptx) == pdl
+        assert ("griddepcontrol.launch_dependents" in ptx) == pdl
 
     out = {"out_ptr": "*fp32" if split > 1 else "*bf16"}
     build(G._gemv_kernel, dict(HAS_BIAS=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,

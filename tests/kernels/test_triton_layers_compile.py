@@ -39,11 +39,14 @@ def _compile(fn, dtype: str, constexprs: dict, num_warps: int = 4) -> int:
 def test_paged_attention_compiles(dtype: str, rows: int, block_n: int, splits: int, warps: int) -> None:
     from specserve.kernels import triton_attention
 
+    pdl = splits > 1 or dtype == "fp16"    # (kernels/triton_pdl.py) both ways
     consts = dict(NUM_Q_HEADS=32, GROUP=4, GROUP_PAD=4, HEAD_DIM=128, D_PAD=128, BLOCK_SIZE=16,
                   BLOCK_Q=rows // 4, BLOCK_N=block_n, NUM_SPLITS=splits,
-                  PRECISION="ieee" if dtype == "fp32" else None, WHILE_LOOP=False)
-    smem = _compile(triton_attention._paged_attention_kernel, dtype, consts, warps)
-    assert 0 < smem <= H100_SMEM
+                  PRECISION="ieee" if dtype == "fp32" else None, WHILE_LOOP=False, PDL=pdl)
+    kernel = compile_for_h100(triton_attention._paged_attention_kernel, consts, dtype, INT_PTRS,
+                              warps)
+    assert 0 < kernel.metadata.shared <= H100_SMEM
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
     if splits > 1:
         _compile(triton_attention._merge_splits_kernel, dtype,
                  dict(NUM_Q_HEADS=32, HEAD_DIM=128, D_PAD=128, NUM_SPLITS=splits))
@@ -53,6 +56,9 @@ def test_elementwise_kernels_compile() -> None:
     from specserve.kernels import triton_layers as tl_
 
     _compile(tl_._rms_norm_kernel, "bf16", dict(HAS_RESIDUAL=True, BLOCK_H=4096), 8)
+    norm = compile_for_h100(tl_._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK_H=1024, PDL=True),
+                            "bf16", INT_PTRS, 4)
+    assert "griddepcontrol.launch_dependents" in norm.asm["ptx"]
     _compile(tl_._rms_norm_kernel, "fp32", dict(HAS_RESIDUAL=False, BLOCK_H=128), 1)
     _compile(tl_._rotary_kernel, "bf16", dict(HALF=64, HALF_PAD=64, QH_PAD=32, KH_PAD=8))
     _compile(tl_._silu_and_mul_kernel, "bf16", dict(BLOCK=1024))
@@ -74,10 +80,20 @@ def test_decode_attention_compiles(splits: int, has_norm: bool, tail: int) -> No
     decode tile the attention kernel uses (4 heads of a GQA group, rows of 16)."""
     from specserve.kernels import triton_decode_attention
 
+    from specserve.kernels import triton_attention
+
+    pdl = splits > 1    # launched ahead of the kernel before (kernels/triton_pdl.py) or not
     consts = dict(_prologue_consts(has_norm, tail), ATT_D_PAD=128, BLOCK_Q=4, BLOCK_N=64,
-                  NUM_SPLITS=splits, PRECISION=None, WHILE_LOOP=False)
-    smem = _compile(triton_decode_attention._decode_attention_kernel, "bf16", consts, 4)
-    assert 0 < smem <= H100_SMEM
+                  NUM_SPLITS=splits, PRECISION=None, WHILE_LOOP=False, PDL=pdl)
+    kernel = compile_for_h100(triton_decode_attention._decode_attention_kernel, consts, "bf16",
+                              INT_PTRS, 4)
+    assert 0 < kernel.metadata.shared <= H100_SMEM
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
+    if splits > 1:
+        merge = compile_for_h100(triton_attention._merge_splits_kernel,
+                                 dict(NUM_Q_HEADS=32, HEAD_DIM=128, D_PAD=128, NUM_SPLITS=splits,
+                                      PDL=pdl), "bf16", INT_PTRS)
+        assert ("griddepcontrol.launch_dependents" in merge.asm["ptx"]) == pdl
 
 
 def test_attention_does_not_specialise_on_the_request_mix() -> None:

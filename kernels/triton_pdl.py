@@ -1,0 +1,87 @@
+"""Programmatic dependent launch (PDL): a kernel that starts streaming its weights while the kernel
+before it in the stream still runs.
+
+At decode batch sizes a small model's forward is a chain of short kernels (for the 0.6B-like
+draft, five a layer), and every boundary costs the next kernel's launch and its programs' start
+while the previous kernel's last programs drain. On Hopper and later a kernel launched with the
+PDL attribute may begin as soon as every program of the kernel before it has executed
+``griddepcontrol.launch_dependents``; it must then execute ``griddepcontrol.wait`` (which returns
+once that kernel has completed and its writes are visible) before it reads anything that kernel,
+or any kernel before it, wrote, and before it writes anything at all.
+
+Every kernel here with a ``PDL`` constexpr calls :func:`after_producer` first: the wait, then
+the release of the next kernel. Released after the wait, at most one kernel waits ahead of the
+one running.
+
+Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 tokens in a CUDA
+graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft 1.04x / 1.07x / 1.14x at
+1 / 2 / 4 rows, the 8B-like model 0.97x at one row and 1.03x at four. So PDL is used only for
+layers up to :data:`MAX_WIDTH` wide (the draft-sized models), where it gained at every row
+count; which of the 8B's kernels lose at one row was not measured. Two variants lost and were
+dropped: each program prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x
+at one row, 0.94x at two, with 16 or 48 MB of prefetch), and the release before the wait, which
+lets every waiting kernel release the next one too (0.75-0.78x at one row).
+
+Every kernel that reads or writes memory after a PDL kernel's release must be launched after
+the wait of that kernel returns: a kernel launched without the attribute waits for the whole of
+the one before (CUDA's stream order), a kernel launched with it waits first. So the chain
+is safe link by link; correctness never depends on which kernels opted in.
+
+PDL changes no result: the same loads, sums and stores run in the same order. CUDA graphs keep
+it (stream capture records the programmatic edge). Off on the CPU interpreter (no GPU
+instructions), on GPUs before compute capability 9.0, and when :func:`set_enabled` turned it
+off (an A/B switch; set before graphs are captured: a captured graph keeps its launches).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_enabled = True
+
+# The widest layer PDL is used for: a GEMV's smaller side, a norm's hidden size, attention's
+# query width (heads x head dim). The 0.6B-like draft's are 1024-3072; the 8B's 4096 and up.
+MAX_WIDTH = 3072
+
+
+def set_enabled(flag: bool) -> None:
+    """Whether kernels may launch with PDL (default on where the GPU supports it)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def active(x: torch.Tensor, interpreting: bool, width: int) -> bool:
+    """Whether a launch on ``x``'s device for a layer ``width`` wide (:data:`MAX_WIDTH`) uses PDL
+    now."""
+    return (_enabled and width <= MAX_WIDTH and not interpreting and x.is_cuda
+            and _supported(x.device))
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword that asks the driver for PDL (empty when off, so the interpreter and
+    older GPUs see the launch they always had)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def after_producer(PDL: tl.constexpr):
+    """Block until the kernel before has completed and its writes are visible
+    (at once for a launch without PDL), then let the next kernel launch once every program of
+    this one has been here."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
