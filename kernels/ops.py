@@ -118,11 +118,17 @@ def set_decode_fusion(flag):
 
 
 def set_pdl(flag):
-    """Whether the Triton kernels of a forward (GEMV, decode attention) may launch ahead of the
-    kernel before them and prefetch their weights to L2 meanwhile (programmatic dependent launch,
-    kernels/triton_pdl.py; default on, on GPUs of compute capability 9.0 and later; off for A/B
-    runs). Changes no result. Set before CUDA graphs are captured."""
+    """Whether the Triton kernels of a small model's forward (GEMV, attention, prologue, RMSNorm)
+    may launch while the kernel before them runs (programmatic dependent launch,
+    kernels/triton_pdl.py; default on, on GPUs of compute capability 9.0 and later, inside
+    ``pdl_scope``; off for A/B runs). Changes no result. Set before CUDA graphs are captured."""
     selected().layers.set_pdl(flag)
+
+
+def pdl_scope(hidden_size):
+    """A context for a model's launches: PDL (``set_pdl``) applies inside it, to models whose
+    hidden size measured faster with it (triton_pdl.MAX_HIDDEN)."""
+    return selected().layers.pdl_scope(hidden_size)
 
 
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,

@@ -24,6 +24,7 @@ Query ``i`` of request ``r`` sits at position ``seq_lens[r] - q_len_r + i`` and 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -209,6 +210,10 @@ def set_decode_fusion(flag: bool) -> None:
 
 def set_pdl(flag: bool) -> None:
     """The reference launches no kernels of its own."""
+
+
+def pdl_scope(hidden_size: int):
+    return contextlib.nullcontext()
 
 
 def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:

@@ -14,10 +14,13 @@ the release of the next kernel. Released after the wait, at most one kernel wait
 one running.
 
 Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 tokens in a CUDA
-graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft 1.04x / 1.07x / 1.14x at
-1 / 2 / 4 rows, the 8B-like model 0.97x at one row and 1.03x at four. So PDL is used only for
-layers up to :data:`MAX_WIDTH` wide (the draft-sized models), where it gained at every row
-count; which of the 8B's kernels lose at one row was not measured. Two variants lost and were
+graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft (hidden 1024) 1.05x /
+1.07x / 1.14x at 1 / 2 / 4 rows; the 1.7B-like (hidden 2048) 0.98x at one row and 1.05x at four;
+the 8B-like (4096) 0.97x and 1.03x. So PDL is used inside :func:`model_scope` of a model of
+hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count), and nowhere
+else; which kernels of the larger models lose at one row was not measured. The decision is the
+model's, not each kernel's: attention and the prologue have the same shapes in the 0.6B and the
+1.7B. Two variants lost and were
 dropped: each program prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x
 at one row, 0.94x at two, with 16 or 48 MB of prefetch), and the release before the wait, which
 lets every waiting kernel release the next one too (0.75-0.78x at one row).
@@ -35,7 +38,9 @@ off (an A/B switch; set before graphs are captured: a captured graph keeps its l
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Iterator, Optional
 
 import torch
 import triton
@@ -44,9 +49,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _enabled = True
 
-# The widest layer PDL is used for: a GEMV's smaller side, a norm's hidden size, attention's
-# query width (heads x head dim). The 0.6B-like draft's are 1024-3072; the 8B's 4096 and up.
-MAX_WIDTH = 3072
+# The largest hidden size of a model whose kernels launch with PDL (the 0.6B-like draft's).
+MAX_HIDDEN = 1024
+_model_hidden: Optional[int] = None      # the hidden size of the model in scope, if any
 
 
 def set_enabled(flag: bool) -> None:
@@ -64,11 +69,22 @@ def _supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def active(x: torch.Tensor, interpreting: bool, width: int) -> bool:
-    """Whether a launch on ``x``'s device for a layer ``width`` wide (:data:`MAX_WIDTH`) uses PDL
-    now."""
-    return (_enabled and width <= MAX_WIDTH and not interpreting and x.is_cuda
-            and _supported(x.device))
+@contextlib.contextmanager
+def model_scope(hidden_size: int) -> Iterator[None]:
+    """Launches inside run a model of this hidden size (the model's forward wraps its layers
+    and head in it); PDL is used only inside a scope, for hidden sizes up to MAX_HIDDEN."""
+    global _model_hidden
+    saved, _model_hidden = _model_hidden, hidden_size
+    try:
+        yield
+    finally:
+        _model_hidden = saved
+
+
+def active(x: torch.Tensor, interpreting: bool) -> bool:
+    """Whether a launch on ``x``'s device uses PDL now."""
+    return (_enabled and _model_hidden is not None and _model_hidden <= MAX_HIDDEN
+            and not interpreting and x.is_cuda and _supported(x.device))
 
 
 def launch_options(pdl: bool) -> dict:

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=50, help="graph replays per timing")
     ap.add_argument("--rows", default="1,2")
     ap.add_argument("--shape", default="QWEN3_06B_LIKE",
-                    help="a bench.shapes model shape (TINY_DRAFT with --device cpu: a smoke run "
+                    help="a bench.shapes or bench.adaptive model shape (QWEN3_17B_LIKE: the adaptive bench's target) (TINY_DRAFT with --device cpu: a smoke run "
                          "under TRITON_INTERPRET=1, eager, no graphs)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--switch", choices=["fused-layer", "decode-attention", "norm-one-row", "pdl"],
@@ -58,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    from specserve.bench import shapes
+    from specserve.bench import adaptive, shapes
     from specserve.bench.engines import weight_bytes
     from specserve.bench.timing import copy_bandwidth
     from specserve.engine.models.llama import AttentionMetadata
@@ -92,7 +92,7 @@ def main() -> None:
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     ckpt = shapes.write_checkpoint(os.path.join(tempfile.mkdtemp(), "draft"),
-                                   getattr(shapes, args.shape))
+                                   getattr(shapes, args.shape, None) or getattr(adaptive, args.shape))
     spec = read_model_spec(ckpt)
     dtype = torch.bfloat16 if cuda else torch.float32
     model = load_model(spec, dev, dtype, 2048, "dummy", 0)

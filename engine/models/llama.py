@@ -161,14 +161,20 @@ class LlamaFamilyModel(nn.Module):
                    meta: AttentionMetadata, kv_caches: list[KVCache], lo: int,
                    hi: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decoder layers lo..hi-1 (a forward in pieces: CUDA graphs launch it piece by piece)."""
-        for i in range(lo, hi):
-            x, residual = self.layers[i](x, residual, positions, self.cos_sin_cache, meta, kv_caches[i])
+        with ops.pdl_scope(self.spec.hidden_size):
+            for i in range(lo, hi):
+                x, residual = self.layers[i](x, residual, positions, self.cos_sin_cache, meta,
+                                             kv_caches[i])
         return x, residual
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
+        with ops.pdl_scope(self.spec.hidden_size):
+            x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [M, hidden] -> logits [M, vocab] in the model dtype."""
-        return ops.linear(hidden, self.lm_head_weight)
+        """hidden: [M, hidden] -> logits [M, vocab] in the model dtype. Inside a PDL scope (the
+        model's kernels may launch while the one before runs: kernels/triton_pdl.py), like its
+        layers and final norm."""
+        with ops.pdl_scope(self.spec.hidden_size):
+            return ops.linear(hidden, self.lm_head_weight)

@@ -18,7 +18,7 @@ from specserve.kernels import backend, ops
 LAYER_OPS = ("linear", "set_gemv", "rms_norm", "add_rms_norm", "add_rms_norm_linear", "apply_rotary",
              "silu_and_mul", "silu_mul_linear", "write_kv", "attention_prologue", "paged_attention",
              "decoder_layer", "set_fused_layer", "fused_layer_enabled", "attention_with_prologue",
-             "set_decode_fusion", "set_pdl")
+             "set_decode_fusion", "set_pdl", "pdl_scope")
 SAMPLING_OPS = ("sample_draft", "rejection_sample")
 
 

@@ -1,0 +1,77 @@
+"""When kernels launch with programmatic dependent launch (kernels/triton_pdl.py): only inside a
+model's scope, for a model of hidden size up to MAX_HIDDEN (the 0.6B-like draft gained on an
+H100, the 1.7B- and 8B-like models lost at one row), on a GPU that has it, not under the
+interpreter, and not after ``set_pdl(False)``. The GPU test (tests/gpu/test_pdl_gpu.py) checks
+what it computes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specserve.kernels import triton_pdl
+
+CUDA_TENSOR = SimpleNamespace(is_cuda=True, device="cuda:0")   # what ``active`` reads of x
+
+
+@pytest.fixture(autouse=True)
+def _a_gpu_with_pdl(monkeypatch):
+    monkeypatch.setattr(triton_pdl, "_supported", lambda device: True)
+    yield
+    triton_pdl.set_enabled(True)
+
+
+def test_only_inside_a_small_models_scope() -> None:
+    assert not triton_pdl.active(CUDA_TENSOR, False)
+    with triton_pdl.model_scope(triton_pdl.MAX_HIDDEN):
+        assert triton_pdl.active(CUDA_TENSOR, False)
+        with triton_pdl.model_scope(2048):          # a larger model called from inside
+            assert not triton_pdl.active(CUDA_TENSOR, False)
+        assert triton_pdl.active(CUDA_TENSOR, False)
+    assert not triton_pdl.active(CUDA_TENSOR, False)
+
+
+def test_off_when_switched_off_interpreting_or_on_the_cpu() -> None:
+    with triton_pdl.model_scope(1024):
+        assert not triton_pdl.active(CUDA_TENSOR, True)
+        assert not triton_pdl.active(SimpleNamespace(is_cuda=False, device="cpu"), False)
+        triton_pdl.set_enabled(False)
+        assert not triton_pdl.active(CUDA_TENSOR, False)
+
+
+def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
+    """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size)."""
+    import tempfile
+
+    import torch
+
+    from specserve.bench import shapes
+    from specserve.engine.models.llama import AttentionMetadata
+    from specserve.engine.models.loader import load_model
+    from specserve.engine.models.spec import read_model_spec
+    from specserve.kernels import backend, ops
+
+    backend.set_backend("torch")
+    seen = []
+    real = ops.linear
+
+    def spy(x, weight, bias=None):
+        seen.append(triton_pdl._model_hidden)
+        return real(x, weight, bias)
+
+    spec = read_model_spec(shapes.write_checkpoint(tempfile.mkdtemp(), shapes.TINY_DRAFT))
+    model = load_model(spec, torch.device("cpu"), torch.float32, 64, "dummy", 0)
+    monkeypatch.setattr(ops, "linear", spy)
+    # the torch backend's scope is a no-op: the Triton backend's (plain Python) stands in
+    monkeypatch.setattr(ops, "pdl_scope", triton_pdl.model_scope)
+    meta = AttentionMetadata(torch.tensor([0]), torch.zeros((1, 1), dtype=torch.int32),
+                             torch.tensor([0, 1], dtype=torch.int32),
+                             torch.tensor([1], dtype=torch.int32), 1, 16)
+    kv = [(torch.zeros(2, 16, spec.num_kv_heads, spec.head_dim),
+           torch.zeros(2, 16, spec.num_kv_heads, spec.head_dim)) for _ in range(spec.num_layers)]
+    with torch.inference_mode():
+        hidden = model(torch.tensor([3]), torch.tensor([0]), meta, kv)
+        model.compute_logits(hidden)
+    assert seen and set(seen) == {spec.hidden_size}
+    assert triton_pdl._model_hidden is None
