@@ -2,15 +2,15 @@
 before it in the stream still runs.
 
 At decode batch sizes a small model's forward is a chain of short kernels (for the 0.6B-like
-draft, five a layer), and every boundary costs the next kernel's launch and its programs' start
+draft, five or six a layer), and every boundary costs the next kernel's launch and its programs' start
 while the previous kernel's last programs drain. On Hopper and later a kernel launched with the
 PDL attribute may begin as soon as every program of the kernel before it has executed
 ``griddepcontrol.launch_dependents``; it must then execute ``griddepcontrol.wait`` (which returns
 once that kernel has completed and its writes are visible) before it reads anything that kernel,
 or any kernel before it, wrote, and before it writes anything at all.
 
-Every kernel here with a ``PDL`` constexpr calls :func:`after_producer` first: the wait, then
-the release of the next kernel. Released after the wait, at most one kernel waits ahead of the
+Every kernel here with a ``PDL`` constexpr calls :func:`after_producer` before its first load or
+store (index arithmetic may come before): the wait, then the release of the next kernel. Released after the wait, at most one kernel waits ahead of the
 one running.
 
 Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 tokens in a CUDA
@@ -58,10 +58,6 @@ def set_enabled(flag: bool) -> None:
     """Whether kernels may launch with PDL (default on where the GPU supports it)."""
     global _enabled
     _enabled = bool(flag)
-
-
-def enabled() -> bool:
-    return _enabled
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,8 +4,9 @@ persistent kernel per layer (kernels/triton_decoder_layer.py). ``--switch decode
 the attention prologue and attention as two kernels against one (kernels/triton_decode_attention.py).
 ``--switch norm-one-row``: the fused add + RMSNorm GEMV launches of kernels/triton_gemv.py's
 NORM_ONE_ROW (and the 0.6B gate_up fused) against the state before them.
-``--switch pdl``: the GEMV and decode-attention kernels launched one after the other against
-launched ahead of the kernel before them, prefetching their weights (kernels/triton_pdl.py).
+``--switch pdl``: the model's kernels (GEMV, attention, prologue, RMSNorm) launched one after the
+other against launched while the kernel before runs (kernels/triton_pdl.py; used only for
+models of hidden size up to triton_pdl.MAX_HIDDEN, so both arms are the same above it).
 With ``fused-layer``, "off" runs the layers op by op with the fused decode attention (the
 default since a37617c), so it is not the baseline of the fused-layer runs before that commit.
 

@@ -1,7 +1,7 @@
-"""Programmatic dependent launch (kernels/triton_pdl.py) on a real GPU: a model's 1-token forward
-with its GEMV and decode-attention kernels launched ahead of the kernel before them gives the
-logits of the forward launched one kernel after the other, bit for bit, eagerly and over CUDA
-graph replays whose inputs change every time.
+"""Programmatic dependent launch (kernels/triton_pdl.py) on a real GPU: a 0.6B-like model's 1-token
+forward with its GEMV, attention, prologue and RMSNorm kernels launched ahead of the kernel
+before them gives the logits of the forward launched one kernel after the other, bit for bit,
+eagerly and over CUDA graph replays whose inputs change every time.
 
 A kernel that read its input before waiting for the kernel that writes it would read the last
 replay's values (or garbage) in some replays; the replays change the tokens and the KV cache
@@ -99,7 +99,15 @@ def test_forward_with_pdl_is_bit_equal_over_graph_replays(tmp_path, rows: int) -
         want.append(forward().clone())
     ops.set_pdl(True)
     load(cases[0])
-    assert torch.equal(forward(), want[0]), "the eager forward with PDL differs"
+    launches = []
+    real_options = triton_pdl.launch_options
+    triton_pdl.launch_options = lambda pdl: (launches.append(pdl), real_options(pdl))[1]
+    try:
+        got = forward()
+    finally:
+        triton_pdl.launch_options = real_options
+    assert any(launches), "the model's forward launched nothing with PDL"
+    assert torch.equal(got, want[0]), "the eager forward with PDL differs"
     load(cases[0])
     graph, out = capture_graph(forward)
     for i, c in enumerate(cases):

@@ -41,3 +41,15 @@ def compile_for_h100(fn, constexprs: dict, dtype: str = "bf16", typed: Optional[
                               options={"num_warps": num_warps, "num_stages": num_stages})
     except FileNotFoundError as e:  # a Triton build without its bundled ptxas
         pytest.skip(f"no CUDA toolchain in this Triton install: {e}")
+
+
+def pdl_ordered(ptx: str) -> bool:
+    """Whether a kernel's PTX follows the PDL protocol (kernels/triton_pdl.py): one
+    ``griddepcontrol.wait``, before every global load and store and before the release of the
+    next kernel. False where it has no wait at all."""
+    wait = ptx.find("griddepcontrol.wait")
+    if wait < 0 or ptx.count("griddepcontrol.wait") != 1:
+        return False
+    release = ptx.find("griddepcontrol.launch_dependents")
+    memory = [i for i in (ptx.find("ld.global"), ptx.find("st.global")) if i >= 0]
+    return release > wait and all(i > wait for i in memory)

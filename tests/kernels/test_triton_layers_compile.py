@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles for the GPU; not under the interpreter", allow_module_level=True)
 
-from tests.helpers.sm90 import H100_SMEM, compile_for_h100  # noqa: E402
+from tests.helpers.sm90 import H100_SMEM, compile_for_h100, pdl_ordered  # noqa: E402
 
 INT_PTRS = {"block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
             "slot_ptr": "*i64", "pos_ptr": "*i64", "cache_ptr": "*fp32",
@@ -46,7 +46,7 @@ def test_paged_attention_compiles(dtype: str, rows: int, block_n: int, splits: i
     kernel = compile_for_h100(triton_attention._paged_attention_kernel, consts, dtype, INT_PTRS,
                               warps)
     assert 0 < kernel.metadata.shared <= H100_SMEM
-    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
+    assert pdl_ordered(kernel.asm["ptx"]) == pdl
     if splits > 1:
         _compile(triton_attention._merge_splits_kernel, dtype,
                  dict(NUM_Q_HEADS=32, HEAD_DIM=128, D_PAD=128, NUM_SPLITS=splits))
@@ -58,13 +58,16 @@ def test_elementwise_kernels_compile() -> None:
     _compile(tl_._rms_norm_kernel, "bf16", dict(HAS_RESIDUAL=True, BLOCK_H=4096), 8)
     norm = compile_for_h100(tl_._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK_H=1024, PDL=True),
                             "bf16", INT_PTRS, 4)
-    assert "griddepcontrol.launch_dependents" in norm.asm["ptx"]
+    assert pdl_ordered(norm.asm["ptx"])
     _compile(tl_._rms_norm_kernel, "fp32", dict(HAS_RESIDUAL=False, BLOCK_H=128), 1)
     _compile(tl_._rotary_kernel, "bf16", dict(HALF=64, HALF_PAD=64, QH_PAD=32, KH_PAD=8))
     _compile(tl_._silu_and_mul_kernel, "bf16", dict(BLOCK=1024))
     _compile(tl_._write_kv_kernel, "bf16", dict(HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PAD=8, D_PAD=128))
     for has_norm, tail in ((True, 0), (False, 64)):   # Qwen3 (full rotary), partial rotary
-        _compile(tl_._attention_prologue_kernel, "bf16", _prologue_consts(has_norm, tail))
+        prologue = compile_for_h100(tl_._attention_prologue_kernel,
+                                    {**_prologue_consts(has_norm, tail), "PDL": has_norm}, "bf16",
+                                    INT_PTRS)
+        assert pdl_ordered(prologue.asm["ptx"]) == has_norm
 
 
 def _prologue_consts(has_norm: bool, tail: int) -> dict:
@@ -88,12 +91,12 @@ def test_decode_attention_compiles(splits: int, has_norm: bool, tail: int) -> No
     kernel = compile_for_h100(triton_decode_attention._decode_attention_kernel, consts, "bf16",
                               INT_PTRS, 4)
     assert 0 < kernel.metadata.shared <= H100_SMEM
-    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
-    if splits > 1:
+    assert pdl_ordered(kernel.asm["ptx"]) == pdl
+    for merge_pdl in (False, True):
         merge = compile_for_h100(triton_attention._merge_splits_kernel,
-                                 dict(NUM_Q_HEADS=32, HEAD_DIM=128, D_PAD=128, NUM_SPLITS=splits,
-                                      PDL=pdl), "bf16", INT_PTRS)
-        assert ("griddepcontrol.launch_dependents" in merge.asm["ptx"]) == pdl
+                                 dict(NUM_Q_HEADS=32, HEAD_DIM=128, D_PAD=128, NUM_SPLITS=8,
+                                      PDL=merge_pdl), "bf16", INT_PTRS)
+        assert pdl_ordered(merge.asm["ptx"]) == merge_pdl
 
 
 def test_attention_does_not_specialise_on_the_request_mix() -> None:

@@ -53,16 +53,20 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
     from specserve.kernels import backend, ops
 
     backend.set_backend("torch")
-    seen = []
-    real = ops.linear
+    seen: dict[str, list] = {"linear": [], "add_rms_norm": []}
 
-    def spy(x, weight, bias=None):
-        seen.append(triton_pdl._model_hidden)
-        return real(x, weight, bias)
+    def spy(name: str):
+        real = getattr(ops, name)
+
+        def call(*args, **kwargs):
+            seen[name].append(triton_pdl._model_hidden)
+            return real(*args, **kwargs)
+        return call
 
     spec = read_model_spec(shapes.write_checkpoint(tempfile.mkdtemp(), shapes.TINY_DRAFT))
     model = load_model(spec, torch.device("cpu"), torch.float32, 64, "dummy", 0)
-    monkeypatch.setattr(ops, "linear", spy)
+    for name in seen:                  # the projections and LM head; the final norm
+        monkeypatch.setattr(ops, name, spy(name))
     # the torch backend's scope is a no-op: the Triton backend's (plain Python) stands in
     monkeypatch.setattr(ops, "pdl_scope", triton_pdl.model_scope)
     meta = AttentionMetadata(torch.tensor([0]), torch.zeros((1, 1), dtype=torch.int32),
@@ -73,5 +77,5 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
     with torch.inference_mode():
         hidden = model(torch.tensor([3]), torch.tensor([0]), meta, kv)
         model.compute_logits(hidden)
-    assert seen and set(seen) == {spec.hidden_size}
+    assert all(seen.values()) and all(set(v) == {spec.hidden_size} for v in seen.values()), seen
     assert triton_pdl._model_hidden is None
