@@ -1,17 +1,17 @@
-"""Programmatic dependent launch (PDL): a kernel that starts streaming its weights while the kernel
-before it in the stream still runs.
+"""Programmatic dependent launch (PDL): a kernel is launched and its programs start while the kernel
+before it in the stream still runs; they wait for that kernel before touching memory.
 
 At decode batch sizes a small model's forward is a chain of short kernels (for the 0.6B-like
-draft, five or six a layer), and every boundary costs the next kernel's launch and its programs' start
-while the previous kernel's last programs drain. On Hopper and later a kernel launched with the
-PDL attribute may begin as soon as every program of the kernel before it has executed
+draft, five or six a layer), and every boundary costs the next kernel's launch and its programs'
+start while the previous kernel's last programs drain. On Hopper and later a kernel launched with
+the PDL attribute may begin as soon as every program of the kernel before it has executed
 ``griddepcontrol.launch_dependents``; it must then execute ``griddepcontrol.wait`` (which returns
 once that kernel has completed and its writes are visible) before it reads anything that kernel,
 or any kernel before it, wrote, and before it writes anything at all.
 
 Every kernel here with a ``PDL`` constexpr calls :func:`after_producer` before its first load or
-store (index arithmetic may come before): the wait, then the release of the next kernel. Released after the wait, at most one kernel waits ahead of the
-one running.
+store (index arithmetic may come before): the wait, then the release of the next kernel.
+Released after the wait, at most one kernel waits ahead of the one running.
 
 Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 tokens in a CUDA
 graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft (hidden 1024) 1.05x /
@@ -20,10 +20,10 @@ the 8B-like (4096) 0.97x and 1.03x. So PDL is used inside :func:`model_scope` of
 hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count), and nowhere
 else; which kernels of the larger models lose at one row was not measured. The decision is the
 model's, not each kernel's: attention and the prologue have the same shapes in the 0.6B and the
-1.7B. Two variants lost and were
-dropped: each program prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x
-at one row, 0.94x at two, with 16 or 48 MB of prefetch), and the release before the wait, which
-lets every waiting kernel release the next one too (0.75-0.78x at one row).
+1.7B. Two variants lost and were dropped: each program prefetching its first weight lines to L2
+before the wait (0.6B: 1.00-1.01x at one row, 0.94x at two, with 16 or 48 MB of prefetch), and
+the release before the wait, which lets every waiting kernel release the next one too
+(0.75-0.78x at one row).
 
 Every kernel that reads or writes memory after a PDL kernel's release must be launched after
 the wait of that kernel returns: a kernel launched without the attribute waits for the whole of
