@@ -56,6 +56,12 @@ def main() -> None:
     ap.add_argument("--variants", default="",
                     help="extra fused variants at the first row count, comma-separated: "
                          "splits=N (attention splits), warps=N, tile=N (weight elements per tile)")
+    ap.add_argument("--pdl-max-hidden", type=int, default=None,
+                    help="the largest hidden size launched with PDL (kernels/triton_pdl.MAX_HIDDEN) "
+                         "for this run: measure PDL on a larger model")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile both arms' graphs at the first row count kernel by "
+                         "kernel (scripts/graph_kernel_profile.py): <switch>_<shape>_profile.md")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -68,6 +74,10 @@ def main() -> None:
     from specserve.kernels import backend, ops, triton_decoder_layer, triton_gemv
 
     backend.set_backend("triton")
+    if args.pdl_max_hidden is not None:
+        from specserve.kernels import triton_pdl
+
+        triton_pdl.MAX_HIDDEN = args.pdl_max_hidden
     if args.switch == "norm-one-row" and not triton_gemv.norm_table(torch.device(args.device)):
         print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")
 
@@ -200,6 +210,23 @@ def main() -> None:
         f.write(text + "\n")
     with open(os.path.join(args.out, f"{stem}_ab.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
+    if args.profile and cuda:
+        import graph_kernel_profile as gkp
+
+        first = rows[0]
+        parts, data = [f"# kernel profile: {args.shape}, {first} row(s), --switch {args.switch}"], {}
+        for name in ("off", "on"):
+            flag, run = graphs[(first, name)]
+            switch(flag)
+            data[name] = gkp.profile_replays(run)
+            parts.append(gkp.report(f"{args.switch} {name}", data[name]))
+        restore()
+        text = "\n\n".join(parts)
+        print(text)
+        with open(os.path.join(args.out, f"{stem}_profile.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, f"{stem}_profile.json"), "w") as f:
+            json.dump(data, f, indent=1)
 
 
 if __name__ == "__main__":
