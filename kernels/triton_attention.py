@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_pdl
+from specserve.kernels.interpreter import interpreting
 from specserve.kernels.triton_pdl import after_producer
 
 _MIN_TOKENS_PER_SPLIT = 128
@@ -315,11 +316,6 @@ def _new_output(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.d
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _interpreting() -> bool:
-    knobs = getattr(triton, "knobs", None)
-    return bool(knobs is not None and knobs.runtime.interpret)
-
-
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -381,7 +377,7 @@ class Launch:
                     HEAD_DIM=head_dim, D_PAD=self.d_pad, BLOCK_SIZE=block_size,
                     BLOCK_Q=self.block_q, BLOCK_N=self.block_n, NUM_SPLITS=self.splits,
                     PRECISION="ieee" if dtype == torch.float32 else None,  # fp32: no TF32
-                    WHILE_LOOP=_interpreting())
+                    WHILE_LOOP=interpreting())
 
     @property
     def num_warps(self) -> int:
@@ -441,7 +437,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     launch = plan_launch(q.shape, q.dtype, q.device, num_kv_heads, num_reqs, max_query_len,
                          max_seq_len, num_splits)
     out = launch.out
-    pdl = triton_pdl.active(q, _interpreting())
+    pdl = triton_pdl.active(q)
     _paged_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
         launch.ws_ml, scale, num_reqs, num_tokens,

@@ -57,7 +57,8 @@ import triton.language as tl
 from specserve.kernels.decoder_weights import DecoderWeights
 from specserve.kernels.triton_attention import (_choose_splits, _num_sms, attend_program,
                                                 launch_shape, merge_program)
-from specserve.kernels.triton_gemv import interpreting, silu_mul
+from specserve.kernels.interpreter import interpreting
+from specserve.kernels.triton_gemv import silu_mul
 from specserve.kernels.triton_prologue import prologue_group
 
 # Rows: batch 1 (one token; the draft's catch-up feeds two). At 4 and 8 rows a first version

@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_pdl
+from specserve.kernels.interpreter import interpreting
 from specserve.kernels.triton_pdl import after_producer
 
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
@@ -61,7 +62,7 @@ MODES = ("late", "step", "dot")
 
 __all__ = ["MAX_ROWS", "GemvConfig", "gemv_config", "linear", "silu_mul_linear", "silu_mul",
            "add_rms_norm_linear",
-           "enabled", "set_enabled", "interpreting"]
+           "enabled", "set_enabled"]
 
 # The policy switch the Triton backend's ``linear`` asks (kernels/triton_layers.py): on unless
 # the engine was started with --no-gemv (engine/setup.py calls ops.set_gemv; every linear is
@@ -81,12 +82,6 @@ def set_enabled(flag: bool) -> None:
     _enabled = bool(flag)
 
 
-_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"   # Triton reads it at import too
-
-
-def interpreting() -> bool:
-    """True under Triton's CPU interpreter (TRITON_INTERPRET=1, set before this import)."""
-    return _INTERPRETING
 
 
 @dataclass(frozen=True)
@@ -551,7 +546,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     res, res_out, g, eps = norm if norm is not None else (None, x2, weight, 0.0)
     res = res if res is not None else x2
-    pdl = triton_pdl.active(x2, interpreting())
+    pdl = triton_pdl.active(x2)
     _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
                        dst.stride(-2), dst.stride(0) if split > 1 else 0,
                        res, res_out, g, eps, res.stride(0), res_out.stride(0),

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from specserve.kernels import triton_gemv, triton_pdl, triton_prologue
+from specserve.kernels.interpreter import interpreting
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_decode_attention import decode_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
@@ -38,7 +39,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     the GEMV is enabled, :func:`triton_gemv.linear` (the kernel for up to ``MAX_ROWS`` rows where
     :func:`triton_gemv.gemv_config` names a launch shape, cuBLAS otherwise);
     ``torch.nn.functional.linear`` (cuBLAS) when it is off."""
-    if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
+    if triton_gemv.enabled() and (x.is_cuda or interpreting()):
         return triton_gemv.linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -77,7 +78,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if num_rows == 0:
         return out
     block = triton.next_power_of_2(hidden)
-    pdl = triton_pdl.active(x, triton_gemv.interpreting())
+    pdl = triton_pdl.active(x)
     _rms_norm_kernel[(num_rows,)](x, x, weight, out, out, eps, hidden, x.stride(0), 0,
                                   out.stride(0), 0, HAS_RESIDUAL=False, BLOCK_H=block, PDL=pdl,
                                   num_warps=_norm_warps(block), **triton_pdl.launch_options(pdl))
@@ -94,7 +95,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if num_rows == 0:
         return out, new_res
     block = triton.next_power_of_2(hidden)
-    pdl = triton_pdl.active(x, triton_gemv.interpreting())
+    pdl = triton_pdl.active(x)
     _rms_norm_kernel[(num_rows,)](x, residual, weight, out, new_res, eps, hidden, x.stride(0),
                                   residual.stride(0), out.stride(0), new_res.stride(0),
                                   HAS_RESIDUAL=True, BLOCK_H=block, PDL=pdl,
@@ -109,7 +110,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     While the GEMV is enabled, rows it takes run as one launch that normalises x inside the
     GEMV (:func:`triton_gemv.add_rms_norm_linear`: the norm kernel is saved; the product agrees
     with the two ops to the dtype's rounding); anything else runs the norm and linear apart."""
-    if triton_gemv.enabled() and (x.is_cuda or triton_gemv.interpreting()):
+    if triton_gemv.enabled() and (x.is_cuda or interpreting()):
         fused = triton_gemv.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
         if fused is not None:
             return fused
@@ -198,7 +199,7 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
     product's (M, N, K)) run as one launch that forms silu(gate) * up per x tile
     (:func:`triton_gemv.silu_mul_linear`), equal to the two ops bit for bit; anything else runs
     the two ops."""
-    if triton_gemv.enabled() and (gate_up.is_cuda or triton_gemv.interpreting()):
+    if triton_gemv.enabled() and (gate_up.is_cuda or interpreting()):
         out = triton_gemv.silu_mul_linear(gate_up, weight, bias)
         if out is not None:
             return out
@@ -279,7 +280,7 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
     triton_prologue.check_cache_layout(k_cache, v_cache, head_dim)
     cache = _row_major(cos_sin_cache)
     has_norm = q_norm is not None
-    pdl = triton_pdl.active(qkv, triton_gemv.interpreting())
+    pdl = triton_pdl.active(qkv)
     _attention_prologue_kernel[(num_tokens, num_kv_heads)](
         qkv, q, k_cache, v_cache, q_norm if has_norm else qkv, k_norm if has_norm else qkv,
         positions, cache, slot_mapping, eps, qkv.stride(0), q.stride(0), cache.stride(0),

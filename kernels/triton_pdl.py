@@ -47,6 +47,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from specserve.kernels.interpreter import interpreting
+
 _enabled = True
 
 # The largest hidden size of a model whose kernels launch with PDL (the 0.6B-like draft's).
@@ -77,10 +79,10 @@ def model_scope(hidden_size: int) -> Iterator[None]:
         _model_hidden = saved
 
 
-def active(x: torch.Tensor, interpreting: bool) -> bool:
+def active(x: torch.Tensor) -> bool:
     """Whether a launch on ``x``'s device uses PDL now."""
     return (_enabled and _model_hidden is not None and _model_hidden <= MAX_HIDDEN
-            and not interpreting and x.is_cuda and _supported(x.device))
+            and not interpreting() and x.is_cuda and _supported(x.device))
 
 
 def launch_options(pdl: bool) -> dict:

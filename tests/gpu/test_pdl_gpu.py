@@ -55,7 +55,7 @@ def test_forward_with_pdl_is_bit_equal_over_graph_replays(tmp_path, rows: int) -
 
     spec, model = _model(tmp_path, layers=4)
     with triton_pdl.model_scope(spec.hidden_size):
-        assert triton_pdl.active(torch.empty(1, device="cuda"), False), \
+        assert triton_pdl.active(torch.empty(1, device="cuda")), \
             "a draft-sized model's kernels must launch with PDL here"
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(rows)

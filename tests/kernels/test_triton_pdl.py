@@ -23,21 +23,25 @@ def _a_gpu_with_pdl(monkeypatch):
 
 
 def test_only_inside_a_small_models_scope() -> None:
-    assert not triton_pdl.active(CUDA_TENSOR, False)
+    assert not triton_pdl.active(CUDA_TENSOR)
     with triton_pdl.model_scope(triton_pdl.MAX_HIDDEN):
-        assert triton_pdl.active(CUDA_TENSOR, False)
+        assert triton_pdl.active(CUDA_TENSOR)
         with triton_pdl.model_scope(2048):          # a larger model called from inside
-            assert not triton_pdl.active(CUDA_TENSOR, False)
-        assert triton_pdl.active(CUDA_TENSOR, False)
-    assert not triton_pdl.active(CUDA_TENSOR, False)
+            assert not triton_pdl.active(CUDA_TENSOR)
+        assert triton_pdl.active(CUDA_TENSOR)
+    assert not triton_pdl.active(CUDA_TENSOR)
 
 
-def test_off_when_switched_off_interpreting_or_on_the_cpu() -> None:
+def test_off_when_switched_off_interpreting_or_on_the_cpu(monkeypatch) -> None:
     with triton_pdl.model_scope(1024):
-        assert not triton_pdl.active(CUDA_TENSOR, True)
-        assert not triton_pdl.active(SimpleNamespace(is_cuda=False, device="cpu"), False)
+        assert triton_pdl.active(CUDA_TENSOR)
+        monkeypatch.setattr(triton_pdl, "interpreting", lambda: True)
+        assert not triton_pdl.active(CUDA_TENSOR)
+        monkeypatch.undo()
+        monkeypatch.setattr(triton_pdl, "_supported", lambda device: True)
+        assert not triton_pdl.active(SimpleNamespace(is_cuda=False, device="cpu"))
         triton_pdl.set_enabled(False)
-        assert not triton_pdl.active(CUDA_TENSOR, False)
+        assert not triton_pdl.active(CUDA_TENSOR)
 
 
 def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
