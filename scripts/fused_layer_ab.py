@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--variants", default="",
                     help="extra fused variants at the first row count, comma-separated: "
                          "splits=N (attention splits), warps=N, tile=N (weight elements per tile)")
+    ap.add_argument("--norm-shapes", default="",
+                    help="with --switch norm-one-row: only these NORM_ONE_ROW entries are off in the "
+                         "off arm, as N,K pairs separated by ';' (e.g. 4096,1024: the 0.6B qkv)")
     ap.add_argument("--pdl-max-hidden", type=int, default=None,
                     help="the largest hidden size launched with PDL (kernels/triton_pdl.MAX_HIDDEN) "
                          "for this run: measure PDL on a larger model")
@@ -82,6 +85,7 @@ def main() -> None:
         print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")
 
     norm_tables = triton_gemv.NORM_ONE_ROW
+    dropped = {tuple(int(v) for v in nk.split(",")) for nk in args.norm_shapes.split(";") if nk}
 
     def switch(flag: bool) -> None:
         if args.switch == "fused-layer":
@@ -91,7 +95,9 @@ def main() -> None:
         elif args.switch == "pdl":
             ops.set_pdl(flag)
         else:   # norm-one-row: off is the state before NORM_ONE_ROW (0.6B gate_up unfused)
-            triton_gemv.NORM_ONE_ROW = norm_tables if flag else {}
+            triton_gemv.NORM_ONE_ROW = norm_tables if flag else (
+                {gpu: {nk: c for nk, c in t.items() if nk not in dropped} for gpu, t in norm_tables.items()}
+                if dropped else {})
             triton_gemv.clear_table_cache()
 
     def restore() -> None:                 # the defaults
