@@ -10,7 +10,6 @@ imports triton, and torch only when an op runs).
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional
@@ -37,10 +36,11 @@ def triton_available() -> bool:
     """True when Triton can launch kernels here (a CUDA device, or the CPU interpreter)."""
     try:
         import torch
-        import triton  # noqa: F401
+
+        from specserve.kernels.interpreter import interpreting   # imports triton
     except Exception:
         return False
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    return torch.cuda.is_available() or interpreting()
 
 
 def _load(name: str) -> KernelBackend:

@@ -82,8 +82,6 @@ def set_enabled(flag: bool) -> None:
     _enabled = bool(flag)
 
 
-
-
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch shape. ``split_k`` slices of K are reduced by a second kernel when > 1."""

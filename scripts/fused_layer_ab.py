@@ -57,8 +57,10 @@ def main() -> None:
                     help="extra fused variants at the first row count, comma-separated: "
                          "splits=N (attention splits), warps=N, tile=N (weight elements per tile)")
     ap.add_argument("--norm-shapes", default="",
-                    help="with --switch norm-one-row: only these NORM_ONE_ROW entries are off in the "
-                         "off arm, as N,K pairs separated by ';' (e.g. 4096,1024: the 0.6B qkv)")
+                    help="with --switch norm-one-row: only these entries of this GPU's NORM_ONE_ROW "
+                         "are off in the off arm, as N,K pairs separated by ';' (e.g. 4096,1024: the "
+                         "0.6B qkv). Off, a shape in NORM_PROLOGUE_SHAPES stays fused at the plain "
+                         "GEMV's launch shape; any other runs the norm kernel and then the GEMV")
     ap.add_argument("--pdl-max-hidden", type=int, default=None,
                     help="the largest hidden size launched with PDL (kernels/triton_pdl.MAX_HIDDEN) "
                          "for this run: measure PDL on a larger model")
@@ -86,6 +88,12 @@ def main() -> None:
 
     norm_tables = triton_gemv.NORM_ONE_ROW
     dropped = {tuple(int(v) for v in nk.split(",")) for nk in args.norm_shapes.split(";") if nk}
+    if dropped and (args.switch != "norm-one-row"
+                    or not dropped <= set(triton_gemv.norm_table(torch.device(args.device)))):
+        ap.error(f"--norm-shapes {args.norm_shapes}: needs --switch norm-one-row and shapes of "
+                 f"this GPU's NORM_ONE_ROW ({sorted(triton_gemv.norm_table(torch.device(args.device)))})")
+    if args.profile:
+        import graph_kernel_profile as gkp   # (scripts/, beside this file)
 
     def switch(flag: bool) -> None:
         if args.switch == "fused-layer":
@@ -217,8 +225,6 @@ def main() -> None:
     with open(os.path.join(args.out, f"{stem}_ab.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
     if args.profile and cuda:
-        import graph_kernel_profile as gkp
-
         first = rows[0]
         parts, data = [f"# kernel profile: {args.shape}, {first} row(s), --switch {args.switch}"], {}
         for name in ("off", "on"):

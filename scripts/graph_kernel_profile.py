@@ -22,10 +22,15 @@ from typing import Callable
 import torch
 
 
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")   # what a graph replay runs on the GPU
+
+
 def _kernel_events(trace_path: str) -> list[dict]:
+    """The trace's device activities (kernels, copies, memsets) in start order: a graph's copies
+    are launches of their own, so their time is not read as the next kernel's idle gap."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    kernels = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and "dur" in e]
     return sorted(kernels, key=lambda e: e["ts"])
 
 
@@ -40,9 +45,10 @@ def profile_replays(replay: Callable[[], None], replays: int = 20) -> dict:
         for _ in range(replays):
             replay()
         torch.cuda.synchronize()
-    path = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(path)
-    return summarize(_kernel_events(path), replays)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return summarize(_kernel_events(path), replays)
 
 
 def summarize(kernels: list[dict], replays: int) -> dict:
@@ -52,6 +58,11 @@ def summarize(kernels: list[dict], replays: int) -> dict:
     if per == 0 or per * replays != len(kernels):
         raise RuntimeError(f"{len(kernels)} kernel events do not split into {replays} replays")
     runs = [kernels[i * per:(i + 1) * per] for i in range(replays)]
+    names = [e["name"] for e in runs[0]]
+    for run in runs[1:]:
+        if [e["name"] for e in run] != names:
+            raise RuntimeError("the replays did not run the same launches in the same order "
+                               "(another stream's work in the trace?)")
     launches = []
     for pos in range(per):
         durs = [run[pos]["dur"] for run in runs]

@@ -32,9 +32,10 @@ def _replay(t0: float, launches: list[tuple[str, float, float]]) -> list[dict]:
 
 
 def test_replays_fold_into_one_with_medians_gaps_and_totals(gkp) -> None:
-    # three replays; the middle one slower at the second launch, which overlaps the first (PDL)
+    # three replays; the middle one slower at the second launch and with wider gaps; the last
+    # gemv overlaps the attention before it (PDL)
     shapes = [[("gemv", 0, 4.0), ("attn", 0.5, 6.0), ("gemv", -1.0, 3.0)],
-              [("gemv", 0, 4.0), ("attn", 0.5, 9.0), ("gemv", -1.0, 3.0)],
+              [("gemv", 0, 4.0), ("attn", 2.5, 9.0), ("gemv", 1.0, 3.0)],
               [("gemv", 0, 4.0), ("attn", 0.5, 6.0), ("gemv", -1.0, 3.0)]]
     events = [e for i, launches in enumerate(shapes) for e in _replay(100.0 * i, launches)]
     prof = gkp.summarize(events, replays=3)
@@ -55,15 +56,19 @@ def test_events_that_do_not_split_into_the_replays_are_refused(gkp) -> None:
     events = _replay(0.0, [("a", 0, 1.0), ("b", 0, 1.0), ("c", 0, 1.0)])
     with pytest.raises(RuntimeError, match="do not split"):
         gkp.summarize(events, replays=2)
+    shuffled = _replay(0.0, [("a", 0, 1.0), ("b", 0, 1.0)]) + _replay(10.0, [("b", 0, 1.0), ("a", 0, 1.0)])
+    with pytest.raises(RuntimeError, match="same launches"):
+        gkp.summarize(shuffled, replays=2)
 
 
-def test_only_kernel_events_are_read_in_start_order(gkp, tmp_path) -> None:
+def test_only_device_activities_are_read_in_start_order(gkp, tmp_path) -> None:
     import json
 
     trace = {"traceEvents": [{"cat": "kernel", "name": "late", "ts": 5.0, "dur": 1.0},
                              {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.0, "dur": 9.0},
+                             {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 3.0, "dur": 1.0},
                              {"cat": "kernel", "name": "early", "ts": 1.0, "dur": 1.0},
                              {"ph": "M", "name": "process_name"}]}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
-    assert [e["name"] for e in gkp._kernel_events(str(path))] == ["early", "late"]
+    assert [e["name"] for e in gkp._kernel_events(str(path))] == ["early", "Memcpy DtoD", "late"]

@@ -17,7 +17,9 @@ CUDA_TENSOR = SimpleNamespace(is_cuda=True, device="cuda:0")   # what ``active``
 
 @pytest.fixture(autouse=True)
 def _a_gpu_with_pdl(monkeypatch):
+    """A GPU that has PDL, outside the interpreter (also when the suite runs under it)."""
     monkeypatch.setattr(triton_pdl, "_supported", lambda device: True)
+    monkeypatch.setattr(triton_pdl, "interpreting", lambda: False)
     yield
     triton_pdl.set_enabled(True)
 
@@ -35,10 +37,9 @@ def test_only_inside_a_small_models_scope() -> None:
 def test_off_when_switched_off_interpreting_or_on_the_cpu(monkeypatch) -> None:
     with triton_pdl.model_scope(1024):
         assert triton_pdl.active(CUDA_TENSOR)
-        monkeypatch.setattr(triton_pdl, "interpreting", lambda: True)
-        assert not triton_pdl.active(CUDA_TENSOR)
-        monkeypatch.undo()
-        monkeypatch.setattr(triton_pdl, "_supported", lambda device: True)
+        with monkeypatch.context() as m:
+            m.setattr(triton_pdl, "interpreting", lambda: True)
+            assert not triton_pdl.active(CUDA_TENSOR)
         assert not triton_pdl.active(SimpleNamespace(is_cuda=False, device="cpu"))
         triton_pdl.set_enabled(False)
         assert not triton_pdl.active(CUDA_TENSOR)
