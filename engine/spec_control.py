@@ -484,6 +484,11 @@ class CostModel:
         d = _interp(cal.batches, cal.draft, batch, cal.padded) if k_draft else 0.0
         return self.target_seconds(batch, k_verify) + k_draft * d
 
+    def samples(self, batch: int, k: int) -> int:
+        """Steady steps at k measured so far at this batch's bucket."""
+        cell = self.cells.get((self.bucket(batch), k))
+        return 0 if cell is None else cell.count
+
     def measured(self, batch: int, k: int) -> bool:
         """Whether steady steps at k have been measured at this batch's bucket (the measured
         cell, not the calibration, predicts them)."""
@@ -699,6 +704,16 @@ class KController:
     ZERO_PROBE_MARGIN = 1.2
     ZERO_PROBE_STEPS = 8
     ZERO_PROBES_PER_BUCKET = 2
+    # A drafting step runs the plain step's target forward (wider) and the draft's passes, so a
+    # measured k = 0 cell that reads slower than the drafting k chosen is stale: its median
+    # caught a slow stretch, and a controller that keeps drafting never measures 0 again. On the
+    # CPU machine (random draft, acceptance ~0, batch 16) plain steps read 32.5 ms where they ran
+    # in ~17, k = 1 was predicted at 29 ms, and the cell drafted through most of three repeats
+    # (0.43x plain). Such a cell is re-measured: a step goes to 0 and holds there until
+    # STALE_ZERO_SAMPLES new plain steps (a majority of the median's window) are in, at most
+    # STALE_ZERO_PROBES times a bucket.
+    STALE_ZERO_SAMPLES = 5
+    STALE_ZERO_PROBES = 4
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None):
@@ -725,6 +740,8 @@ class KController:
         self.zero_probes = 0         # steps sent to 0 to measure it (ZERO_PROBE_AFTER)
         self._probing_zero = False   # held at 0 until plain steps are measured (a k = 0 probe)
         self._zero_probe_counts: dict[int, int] = {}
+        self._zero_samples_wanted = 0    # a probe of a stale k = 0 cell holds until it has these
+        self._stale_probe_counts: dict[int, int] = {}
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
     @property
@@ -751,7 +768,8 @@ class KController:
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
                 or self._held >= (self.ZERO_PROBE_STEPS if probing else self.recheck_every(batch) - 1)
-                or (probing and self.cost.measured(batch, 0))
+                or (probing and self.cost.measured(batch, 0)
+                    and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
                     and not self._probe_waiting)):
             self._probing_zero = False
@@ -800,6 +818,14 @@ class KController:
                 self.zero_probes += 1
                 self._zero_probe_counts[b] = self._zero_probe_counts.get(b, 0) + 1
                 self._probing_zero = True
+                self._zero_samples_wanted = 0
+            elif (pin == 0 and seconds[0] > seconds[best] and self.cost.measured(batch, 0)
+                    and self._stale_probe_counts.get(b, 0) < self.STALE_ZERO_PROBES):
+                best = 0                               # k = 0's cell is stale: measure it again
+                self.zero_probes += 1
+                self._stale_probe_counts[b] = self._stale_probe_counts.get(b, 0) + 1
+                self._probing_zero = True
+                self._zero_samples_wanted = self.cost.samples(batch, 0) + self.STALE_ZERO_SAMPLES
         if best == 0:
             self.steps_drafting = 0
             self.steps_at_zero += 1

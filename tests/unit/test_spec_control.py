@@ -909,3 +909,29 @@ def test_two_slow_steps_among_many_do_not_move_a_measured_cell_but_a_real_change
     for _ in range(5):
         cost.observe(16, 3, 3, 0.0060)   # the step really got slower: five steps show it
     assert cost.step_seconds(16, 3) == pytest.approx(0.0060, rel=0.01)
+
+
+def test_a_stale_plain_cell_that_reads_slower_than_drafting_is_measured_again() -> None:
+    """A plain step measured in a slow stretch (30 ms where it runs in 10) makes a useless draft's
+    k = 1 (20 ms measured, nothing accepted) look faster than plain, and a controller that keeps
+    drafting never measures k = 0 again: on the CPU machine the random draft drafted through
+    most of a batch-16 cell at 0.43x plain. A drafting step cannot cost less than a plain one at
+    the same batch, so the cell is re-measured: the controller goes to 0, holds there until
+    STALE_ZERO_SAMPLES new plain steps are in, and then stays at 0."""
+    ctl = KController(K, "adaptive", CostModel(_cal(0.7)))
+    for _ in range(200):
+        ctl.acceptance.record("x", 0, 1, 0)
+    for _ in range(9):
+        ctl.observe_step(16, 1, 1, 16, 0.020)            # drafting steps at k = 1: 20 ms
+        ctl.observe_step(16, 0, 0, 16, 0.030)            # plain ones in a slow stretch
+    rows = [Row(f"r{i}", 0, K) for i in range(16)]
+    assert ctl.cost.step_seconds(16, 1) < ctl.cost.step_seconds(16, 0)
+    assert ctl.decide(rows).k == 1                       # 20 ms "beats" 30 ms
+    assert ctl.decide(rows).k == 0 and ctl.zero_probes == 1
+    held = 0
+    while ctl.hold_zero(16):
+        held += 1
+        ctl.observe_step(16, 0, 0, 16, 0.010)            # plain steps as they run now
+    assert held == ctl.STALE_ZERO_SAMPLES                # (the probe's own step verifies drafts)
+    assert [ctl.decide(rows).k for _ in range(20)] == [0] * 20
+    assert ctl.cost.step_seconds(16, 0) == pytest.approx(0.010)
