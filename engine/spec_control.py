@@ -740,7 +740,7 @@ class KController:
         self.zero_probes = 0         # steps sent to 0 to measure it (ZERO_PROBE_AFTER)
         self._probing_zero = False   # held at 0 until plain steps are measured (a k = 0 probe)
         self._zero_probe_counts: dict[int, int] = {}
-        self._zero_samples_wanted = 0    # a probe of a stale k = 0 cell holds until it has these
+        self._zero_samples_wanted = 0    # a k = 0 probe holds until its cell has this many steps
         self._stale_probe_counts: dict[int, int] = {}
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
 
@@ -768,8 +768,7 @@ class KController:
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
                 or self._held >= (self.ZERO_PROBE_STEPS if probing else self.recheck_every(batch) - 1)
-                or (probing and self.cost.measured(batch, 0)
-                    and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
+                or (probing and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
                     and not self._probe_waiting)):
             self._probing_zero = False
@@ -815,17 +814,12 @@ class KController:
                     and not self.cost.measured(batch, 0)
                     and self._zero_probe_counts.get(b, 0) < self.ZERO_PROBES_PER_BUCKET):
                 best = 0
-                self.zero_probes += 1
-                self._zero_probe_counts[b] = self._zero_probe_counts.get(b, 0) + 1
-                self._probing_zero = True
-                self._zero_samples_wanted = 0
+                self._probe_zero(self._zero_probe_counts, b, self.cost.MIN_SAMPLES)
             elif (pin == 0 and seconds[0] > seconds[best] and self.cost.measured(batch, 0)
                     and self._stale_probe_counts.get(b, 0) < self.STALE_ZERO_PROBES):
                 best = 0                               # k = 0's cell is stale: measure it again
-                self.zero_probes += 1
-                self._stale_probe_counts[b] = self._stale_probe_counts.get(b, 0) + 1
-                self._probing_zero = True
-                self._zero_samples_wanted = self.cost.samples(batch, 0) + self.STALE_ZERO_SAMPLES
+                self._probe_zero(self._stale_probe_counts, b,
+                                 self.cost.samples(batch, 0) + self.STALE_ZERO_SAMPLES)
         if best == 0:
             self.steps_drafting = 0
             self.steps_at_zero += 1
@@ -846,6 +840,14 @@ class KController:
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
+
+    def _probe_zero(self, counts: dict[int, int], bucket: int, samples_wanted: int) -> None:
+        """Send the batch to k = 0 and hold it there (``hold_zero``) until the bucket's k = 0 cell
+        has ``samples_wanted`` plain steps; ``counts``: this kind of probe per bucket."""
+        self.zero_probes += 1
+        counts[bucket] = counts.get(bucket, 0) + 1
+        self._probing_zero = True
+        self._zero_samples_wanted = samples_wanted
 
     def _deeper(self, best: int, goodput: list[float], rows: list[Row]) -> int:
         """``best``, or ``best + 1`` for one step once ``best`` has held DEEPER_EVERY steps,

@@ -83,15 +83,15 @@ def main() -> None:
         from specserve.kernels import triton_pdl
 
         triton_pdl.MAX_HIDDEN = args.pdl_max_hidden
-    if args.switch == "norm-one-row" and not triton_gemv.norm_table(torch.device(args.device)):
+    own_norm = triton_gemv.norm_table(torch.device(args.device))   # this GPU's NORM_ONE_ROW
+    if args.switch == "norm-one-row" and not own_norm:
         print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")
 
     norm_tables = triton_gemv.NORM_ONE_ROW
     dropped = {tuple(int(v) for v in nk.split(",")) for nk in args.norm_shapes.split(";") if nk}
-    if dropped and (args.switch != "norm-one-row"
-                    or not dropped <= set(triton_gemv.norm_table(torch.device(args.device)))):
+    if dropped and (args.switch != "norm-one-row" or not dropped <= set(own_norm)):
         ap.error(f"--norm-shapes {args.norm_shapes}: needs --switch norm-one-row and shapes of "
-                 f"this GPU's NORM_ONE_ROW ({sorted(triton_gemv.norm_table(torch.device(args.device)))})")
+                 f"this GPU's NORM_ONE_ROW ({sorted(own_norm)})")
     if args.profile:
         import graph_kernel_profile as gkp   # (scripts/, beside this file)
 
