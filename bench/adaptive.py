@@ -152,6 +152,7 @@ def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KControlle
 # cells and the ramp as the default one's are.
 VARIANTS: dict[str, dict] = {
     "no-optimism": {"optimism": 0.0},   # cold acceptance estimates read as they are
+    "no-aging": {"half_life": 0.0},     # outcomes keep their weight however old
 }
 
 
@@ -317,13 +318,17 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
 
 
 def _run_plan(core: EngineCore, plain_core: Optional[EngineCore], configs: list[str],
-              repeats: int) -> tuple[dict[str, EngineCore], list[str], list[str]]:
+              repeats: int, repeat_all: bool = False) -> tuple[dict[str, EngineCore], list[str], list[str]]:
     """(the engine of each config, the configs run side by side, the order of the runs):
     "plain" on ``plain_core`` when given; plain, adaptive and its variants first, then every
-    other config once, then ``repeats - 1`` more rounds of the paired ones."""
+    other config once, then ``repeats - 1`` more rounds of the paired ones (``repeat_all``:
+    ``repeats`` rounds of every config)."""
     engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
     paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
-    return engine, paired, paired + [c for c in configs if c not in paired] + paired * (repeats - 1)
+    rest = [c for c in configs if c not in paired]
+    if repeat_all:
+        return engine, paired, (paired + rest) * repeats
+    return engine, paired, paired + rest + paired * (repeats - 1)
 
 
 def _pair_with_plain(row: dict, runs: dict[str, list[dict]], config: str) -> None:
@@ -403,10 +408,12 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
                  variants: Optional[dict[str, KController]] = None,
                  plain_core: Optional[EngineCore] = None, repeats: int = 1) -> dict:
     """``{config: ramp}``; like ``measure_grid``, "plain" runs on ``plain_core``, and plain,
-    adaptive and the variants run first side by side and ``repeats - 1`` more times after the
-    fixed k (one run each): a config run more than once shows its median run, with every run's
-    tok/s in ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
-    engine, paired, order = _run_plan(core, plain_core, configs, repeats)
+    adaptive and the variants run first side by side, then every fixed k, all of it ``repeats``
+    times: the ramp's goal is against the best fixed k, and on an H100 three no-spec ramps of
+    one call read 24,170, 26,130 and 19,920 tok/s, so one run of each fixed k could not say
+    which was best or by how much. A config shows its median run, with every run's tok/s in
+    ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
+    engine, paired, order = _run_plan(core, plain_core, configs, repeats, repeat_all=True)
     # mixed prefill + decode steps appear only here: compile their kernels before timing
     warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
     for c in configs:

@@ -12,7 +12,7 @@ DEFAULT_SECTIONS = SECTIONS[:6]
 ADAPTIVE_TARGETS = ("1.7b", "4b")
 ADAPTIVE_PAIRS = ("unrelated", "self", "mid")   # the drafts of section adaptive (bench/sections_adaptive.py)
 # controller variants section adaptive can run beside the default one (bench/adaptive.py VARIANTS)
-ADAPTIVE_VARIANTS = ("no-optimism",)
+ADAPTIVE_VARIANTS = ("no-optimism", "no-aging")
 
 
 @dataclass(frozen=True)
@@ -190,11 +190,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--adaptive-repeats", type=int, default=None,
                    help="runs of no-spec and adaptive per cell, each adaptive run right after a no-spec "
                         "one; the table shows the median run and the median of the paired ratios "
-                        "(default 3; fixed k runs once)")
+                        "(default 3; in the cells fixed k runs once, on the ramp as many times)")
     a.add_argument("--adaptive-variants", type=_names, default=None,
                    help=f"A/B: controller variants, of {','.join(ADAPTIVE_VARIANTS)}, each run right "
                         "after adaptive in every repeat and on the ramp, with its own estimates and "
-                        "cost model (no-optimism: cold acceptance estimates read as they are)")
+                        "cost model (no-optimism: cold acceptance estimates read as they are; no-aging: "
+                        "acceptance outcomes keep their weight however old)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:

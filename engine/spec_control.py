@@ -94,10 +94,13 @@ class _Rates:
     k = 0 never verifies again to find out."""
 
     def __init__(self, k_max: int, prior: list[float], weight: float, rate_floor: float,
-                 chain: bool = False, optimism: float = 0.0, parent: Optional["_Rates"] = None):
+                 chain: bool = False, optimism: float = 0.0, parent: Optional["_Rates"] = None,
+                 clock: Optional[Callable[[], int]] = None, half_life: float = 0.0):
         self.prior = list(prior)
         self.value = [0.0] * k_max
-        self.count = [0] * k_max
+        self.count = [0.0] * k_max                   # outcomes, as weighted at ``seen_at``
+        self.seen_at = [0] * k_max                   # the clock at each position's last outcome
+        self.clock, self.half_life = clock, half_life if clock is not None else 0.0
         self.weight, self.chain, self.optimism = weight, chain and parent is None, optimism
         self.parent = parent
         self.rate_floor = rate_floor
@@ -115,12 +118,22 @@ class _Rates:
         return tuple(out)
 
     def _fresh(self) -> None:
-        """Drop the caches if a parent changed since they were read."""
-        if self.parent is not None:
+        """Drop the caches if a parent changed since they were read, or the clock moved (aged
+        outcomes weigh less)."""
+        if self.parent is not None or self.half_life:
             seen = self._versions()
+            if self.half_life:
+                seen += (self.clock(),)
             if seen != self._seen:
                 self._seen = seen
                 self._rates = self._table = None
+
+    def outcomes(self, j: int) -> float:
+        """Position j's outcomes, each weighted by its age: ``half_life`` clock steps halve it."""
+        n = self.count[j]
+        if n and self.half_life:
+            n *= 0.5 ** ((self.clock() - self.seen_at[j]) / self.half_life)
+        return n
 
     def table(self) -> list[float]:
         """E(0..k_max): the expected tokens a step commits at each k, from ``rates``."""
@@ -134,10 +147,12 @@ class _Rates:
         self.version += 1
         if prior is not None:
             self.prior = list(prior)
+        now = self.clock() if self.half_life else 0
         for j in range(min(accepted + 1, k)):
             x = 1.0 if j < accepted else 0.0
-            self.count[j] += 1
-            self.value[j] += max(1.0 / self.count[j], self.rate_floor) * (x - self.value[j])
+            n = self.count[j] = self.outcomes(j) + 1.0
+            self.seen_at[j] = now
+            self.value[j] += max(1.0 / n, self.rate_floor) * (x - self.value[j])
 
     def plain(self) -> list[float]:
         """The estimates before the cold optimism (``rates`` reads them raised)."""
@@ -171,7 +186,8 @@ class _Rates:
             inherited_plain, inherited_read = parent.plain(), parent.rates()
         reached = False          # a later phase: a position before had outcomes
         frontier = True          # no cold position before this one (the optimism's only place)
-        for j, (v, n) in enumerate(zip(self.value, self.count)):
+        for j, v in enumerate(self.value):
+            n = self.outcomes(j)
             n_eff = min(n, cap)
             # the prior: the position before (a chain, or a later phase once reached), the
             # phase before's same position, or the fixed prior
@@ -273,30 +289,47 @@ class AcceptanceModel:
     predicted against 799 at k = 4, positions 5-8 with a handful of outcomes each), and ran 6.7
     ms for 3-5 tokens where k = 4 ran 4.7 ms for ~3; fixed k = 4 ran 1.23x the adaptive cell.
     The frontier moves deeper as positions warm up, and the controller's periodic k + 1 step
-    (``KController.DEEPER_EVERY``) tries the next position."""
+    (``KController.DEEPER_EVERY``) tries the next position.
+
+    Outcomes age: a bucket's outcome counts half after HALF_LIFE controller steps (``tick``),
+    so an estimate nobody refreshes drifts back toward its prior, and its cold optimism returns
+    with it. At k = 0 nothing refreshes it, and a few unlucky outcomes held for good: in the
+    bench on an H100 (truncated draft, T = 0, batch 1) the warm-up's four short requests,
+    whose first tokens the draft predicts worst, left the greedy bucket low, and all three
+    128-token runs of the cell stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain.
+    A replay of that cell on its recorded outcomes (scripts/adaptive_replay.py) held at k = 0
+    without aging and drafted from the second run on with it. While drafting, a position sees
+    an outcome a step and its weight saturates near the EMA's own window; a useless draft's
+    rejections age too, which costs a drafting step now and then (see the unit tests)."""
 
     STALE_STEPS = 32
     OPTIMISM = 1.0
+    HALF_LIFE = 64.0
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
                  shared_rate: float = 0.02, request_rate: float = 0.05,
-                 optimism: Optional[float] = None):
+                 optimism: Optional[float] = None, half_life: Optional[float] = None):
         self.k_max = k_max
         self.prior, self.prior_weight = prior, prior_weight
         self.shared_rate, self.request_rate = shared_rate, request_rate
         z = self.OPTIMISM if optimism is None else optimism
+        h = self.HALF_LIFE if half_life is None else half_life
+        clock = self._clock
         self.shared: list[list[_Rates]] = []        # [temperature bucket][generation phase]
         for _ in TEMPERATURE_BUCKETS:
             phases = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True,
-                             optimism=z)]
+                             optimism=z, clock=clock, half_life=h)]
             for _ in GENERATION_PHASES:
                 phases.append(_Rates(k_max, [prior] * k_max, prior_weight, shared_rate,
-                                     optimism=z, parent=phases[-1]))
+                                     optimism=z, parent=phases[-1], clock=clock, half_life=h))
             self.shared.append(phases)
         self.per_request: dict[str, tuple[int, _Rates]] = {}   # request id -> (phase, own estimate)
         self.steps = 0                              # controller steps so far (``tick``)
         self._last_verified: dict[str, int] = {}    # request id -> step of its last record
         self._stale_after: dict[str, int] = {}      # request id -> steps before its own goes stale
+
+    def _clock(self) -> int:
+        return self.steps
 
     def tick(self) -> None:
         """One controller step has passed."""
@@ -354,7 +387,7 @@ class AcceptanceModel:
 
     def snapshot(self) -> dict:
         """Per temperature bucket, per generation phase (output tokens): rates and outcomes."""
-        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()], "samples": list(s.count)}
+        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()], "samples": [round(s.outcomes(j), 1) for j in range(self.k_max)]}
                        for i, s in enumerate(phases)}
                 for (name, _), phases in zip(TEMPERATURE_BUCKETS, self.shared)}
 
@@ -859,7 +892,7 @@ class KController:
         self.steps_at_k += 1
         if self.steps_at_k < self.DEEPER_EVERY or best >= self.k_max:
             return best
-        few = min(self.acceptance.shared[b][p].count[best] for b, p in {(r.bucket, r.phase) for r in rows}) \
+        few = min(self.acceptance.shared[b][p].outcomes(best) for b, p in {(r.bucket, r.phase) for r in rows}) \
             < self.DEEPER_SAMPLES
         if few or goodput[best + 1] >= (1.0 - self.DEEPER_LOSS) * goodput[best]:
             self.steps_at_k = 0

@@ -290,7 +290,7 @@ def test_adaptive_grid_rows_and_goals(adaptive_run):
             ratios = [a / p for p, a in zip(ramp["plain"]["runs"], ramp["adaptive"]["runs"])]
             assert ramp["adaptive"]["over_plain_runs"] == pytest.approx(ratios)
             assert r["adaptive_over_plain"] == pytest.approx(sum(ratios) / 2)
-            assert [len(ramp[c]["runs"]) for c in ("plain", "adaptive", "k1")] == [2, 2, 1]
+            assert [len(ramp[c]["runs"]) for c in ("plain", "adaptive", "k1")] == [2, 2, 2]   # fixed k too
         assert r["adaptive_over_best_fixed"] == pytest.approx(r["adaptive"] / fixed[best])
         ramp = "ramp" in r["pair"]
         met = r["adaptive_over_best_fixed"] >= (1.0 if ramp else 0.95) and \
