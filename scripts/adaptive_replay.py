@@ -153,69 +153,129 @@ def calibration_from(step_ms: list[float], batch_scale: float = 1.0) -> Calibrat
                        catchup_graph_fixed=4.7e-4)
 
 
+@dataclass
+class Cell:
+    """One batch size's requests: their bits, their length and the measured step time by k."""
+
+    batch: int
+    rows: list[list[int]]
+    output_len: int
+    step_ms: list[float]           # k = 0 .. k_max
+
+
+def _fill(bits: list[int], fill: int) -> list[int]:
+    return [fill if x < 0 else x for x in bits]
+
+
+def _interp_ms(step_ms: dict, k_max: int) -> list[float]:
+    """Step ms for k = 0 .. k_max from the fixed k measured (linear in k between them)."""
+    known = sorted((int(k), v) for k, v in step_ms.items() if v is not None)
+    out = []
+    for k in range(k_max + 1):
+        lo = max((p for p in known if p[0] <= k), default=known[0])
+        hi = min((p for p in known if p[0] >= k), default=known[-1])
+        out.append(lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0]))
+    return out
+
+
+def load_bits(path: Path, fill: int, k_max: int) -> tuple[list[Cell], list[list[int]], Calibration]:
+    """The cells, the warm-up's bits and the start-up calibration from scripts/greedy_bits.py."""
+    d = json.loads(path.read_text())
+    c = d["calibration"]
+    cal = Calibration(c["batches"], c["widths"], c["target_seconds"], c["draft_pass_seconds"],
+                      c["padded"], c.get("calibration_seconds", 0.0), c["catchup_seconds_per_token"],
+                      c["catchup_seconds_fixed"], c["catchup_graph_tokens"],
+                      c["catchup_graph_seconds_per_token"], c["catchup_graph_seconds_fixed"])
+    cells = [Cell(int(b), [_fill(r, fill) for r in cell["bits"]], d["settings"]["output_len"][b],
+                  _interp_ms(cell["step_ms"], k_max)) for b, cell in d["cells"].items()]
+    return cells, [_fill(r, fill)[:9] for r in d["warm"]], cal
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", type=Path, required=True, help="adaptive_decisions.py log with a fixed-k run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--bits", type=Path, help="scripts/greedy_bits.py's JSON: every cell, its "
+                     "warm-up and its step times")
+    src.add_argument("--trace", type=Path, help="adaptive_decisions.py log with a fixed-k run "
+                     "(batch 1 only, with --step-ms)")
     p.add_argument("--fill", type=int, default=1, help="the unobserved bit after a fully accepted step")
     p.add_argument("--step-ms", default=",".join(map(str, H100_MID_B1_MS)),
-                   help="measured batch-1 step ms at k = 0 .. k_max")
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--runs", type=int, default=3, help="adaptive runs of the cell on one controller")
+                   help="with --trace: measured batch-1 step ms at k = 0 .. k_max")
+    p.add_argument("--output-len", type=int, default=128, help="with --trace: tokens per request")
+    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--runs", type=int, default=3, help="adaptive runs of each cell on one controller")
     p.add_argument("--seeds", type=int, default=20, help="replays (step-time noise seeds)")
     p.add_argument("--noise", type=float, default=0.03, help="log-normal sigma of a step's time")
-    p.add_argument("--warm", choices=("trace", "rejected"), default="rejected",
-                   help="the warm-up's four 8-token requests: the trace's first tokens, or every "
-                        "draft rejected (what the bench's warm-up taught on the H100)")
+    p.add_argument("--warm", choices=("recorded", "rejected"), default="recorded",
+                   help="the warm-up's four 8-token requests: their recorded bits (--bits; with "
+                        "--trace the trace's first tokens), or every draft rejected")
     p.add_argument("--half-lives", default=f"0,{AcceptanceModel.HALF_LIFE:g}",
                    help="AcceptanceModel half-lives to replay (0: outcomes never age)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
-    accepted, k_trace = read_fixed_trace(a.trace)
-    m = matches_from_fixed_trace(accepted, k_trace, a.fill)
-    step_ms = [float(x) for x in a.step_ms.split(",")]
-    k_max = len(step_ms) - 1
-    cal = calibration_from(step_ms)
-    truth = lambda n, k: step_ms[k] * 1e-3   # noqa: E731 (batch 1 only)
+    if a.bits:
+        cells, warm, cal = load_bits(a.bits, a.fill, a.k_max)
+    else:
+        accepted, k_trace = read_fixed_trace(a.trace)
+        m = matches_from_fixed_trace(accepted, k_trace, a.fill)
+        step_ms = [float(x) for x in a.step_ms.split(",")]
+        cal = calibration_from(step_ms)
+        cells = [Cell(1, [m], min(a.output_len, len(m)), step_ms)]
+        warm = [m[:9]] * 4
+        print(f"{len(accepted)} steps at k = {k_trace}: {len(m)} token bits, {sum(m) / len(m):.2f} ones")
+    if a.warm == "rejected":
+        warm = [[0] * 9 for _ in warm]
+    k_max = len(cells[0].step_ms) - 1
     catchup = CostModel(cal).catchup_seconds
-    out_len = min(a.output_len, len(m))
-    print(f"{len(accepted)} steps at k = {k_trace}: {len(m)} token bits, "
-          f"{sum(m) / len(m):.2f} ones; output {out_len} tokens")
-    rng = random.Random(0)
-    fixed = {k: replay(None, [m], out_len, k_max, truth, catchup, rng, 0.0, fixed=k).tok_per_s
-             for k in range(k_max + 1)}
-    best_k = max(range(1, k_max + 1), key=lambda k: fixed[k])
-    print("fixed k tok/s: " + ", ".join(f"{k}: {v:.0f}" for k, v in fixed.items()))
-    warm = [m[:9] if a.warm == "trace" else [0] * 9] * 4   # the bench's warm-up: 4 x 8 tokens
-    res: dict = {"fixed": fixed, "best_fixed_k": best_k, "warm": a.warm, "half_lives": {}}
+    res: dict = {"warm": a.warm, "cells": {}}
+    fixed_by_cell = {}
+    for cell in cells:
+        truth = _truth(cell)
+        fixed = {k: replay(None, cell.rows, cell.output_len, k_max, truth, catchup,
+                           random.Random(0), 0.0, fixed=k).tok_per_s for k in range(k_max + 1)}
+        fixed_by_cell[cell.batch] = fixed
+        ones = sum(sum(r[1:cell.output_len]) for r in cell.rows) / sum(cell.output_len - 1 for _ in cell.rows)
+        print(f"batch {cell.batch}: {len(cell.rows)} requests of {cell.output_len} tokens, ones {ones:.2f}; "
+              "fixed k tok/s " + ", ".join(f"{k}: {v:,.0f}" for k, v in fixed.items()))
     for half_life in (float(h) for h in a.half_lives.split(",")):
-        per_run = replay_cell(m, warm, out_len, k_max, cal, truth, catchup, half_life, a)
-        res["half_lives"][half_life] = per_run
+        per_cell = replay_bench(cells, warm, k_max, cal, catchup, half_life, a)
         print(f"half-life {half_life:g} steps, warm-up {a.warm}:")
-        for r, v in enumerate(per_run):
-            med = statistics.median(v)
-            print(f"  adaptive run {r}: median {med:.0f} tok/s = {med / fixed[best_k]:.2f}x best "
-                  f"fixed (k = {best_k}), {med / fixed[0]:.2f}x plain; min {min(v):.0f} max {max(v):.0f}")
-        meds = [statistics.median(x) for x in zip(*per_run)]
-        print(f"  the bench's cell (median of the {a.runs} runs), over {a.seeds} replays: median "
-              f"{statistics.median(meds) / fixed[best_k]:.2f}x best fixed, worst "
-              f"{min(meds) / fixed[best_k]:.2f}x")
+        for cell in cells:
+            fixed, per_run = fixed_by_cell[cell.batch], per_cell[cell.batch]
+            best_k = max(range(1, k_max + 1), key=lambda k: fixed[k])
+            meds = [statistics.median(x) for x in zip(*per_run)]
+            med = statistics.median(meds)
+            print(f"  batch {cell.batch}: cell (median of {a.runs} runs) {med:,.0f} tok/s = "
+                  f"{med / fixed[best_k]:.2f}x best fixed (k = {best_k}), {med / fixed[0]:.2f}x "
+                  f"plain over {a.seeds} replays; worst {min(meds) / fixed[best_k]:.2f}x / "
+                  f"{min(meds) / fixed[0]:.2f}x; runs " + ", ".join(
+                      f"{statistics.median(v) / fixed[0]:.2f}" for v in per_run) + "x plain")
+            res["cells"].setdefault(cell.batch, {"fixed": fixed})[half_life] = per_run
     if a.json:
         a.json.write_text(json.dumps(res))
 
 
-def replay_cell(m: list[int], warm: list[list[int]], out_len: int, k_max: int, cal: Calibration,
-                truth: Callable[[int, int], float], catchup: Callable[[int], float],
-                half_life: float, a: argparse.Namespace) -> list[list[float]]:
-    """tok/s of each of the cell's ``a.runs`` runs (after the warm-up), per replay seed."""
-    per_run: list[list[float]] = [[] for _ in range(a.runs)]
+def _truth(cell: Cell) -> Callable[[int, int], float]:
+    """A step's seconds: the cell's measured time at k (the batch shrinks only at the end)."""
+    return lambda n, k: cell.step_ms[k] * 1e-3
+
+
+def replay_bench(cells: list[Cell], warm: list[list[int]], k_max: int, cal: Calibration,
+                 catchup: Callable[[int], float], half_life: float,
+                 a: argparse.Namespace) -> dict[int, list[list[float]]]:
+    """The bench's order on one controller per seed: the warm-up, then each cell ``a.runs``
+    times. Returns {batch: tok/s of each run, per seed}."""
+    out = {c.batch: [[] for _ in range(a.runs)] for c in cells}
     for seed in range(a.seeds):
         rng = random.Random(seed)
         ctl = KController(k_max, "adaptive", CostModel(cal), AcceptanceModel(k_max, half_life=half_life))
-        replay(ctl, warm, len(warm[0]), k_max, truth, catchup, rng, a.noise, request_tag="w")
-        for r in range(a.runs):
-            res = replay(ctl, [m], out_len, k_max, truth, catchup, rng, a.noise, request_tag=f"s{r}-")
-            per_run[r].append(res.tok_per_s)
-    return per_run
+        replay(ctl, warm, len(warm[0]), k_max, _truth(cells[0]), catchup, rng, a.noise, request_tag="w")
+        for cell in cells:
+            for r in range(a.runs):
+                res = replay(ctl, cell.rows, cell.output_len, k_max, _truth(cell), catchup, rng,
+                             a.noise, request_tag=f"b{cell.batch}-{r}-")
+                out[cell.batch][r].append(res.tok_per_s)
+    return out
 
 
 if __name__ == "__main__":
