@@ -294,17 +294,20 @@ class AcceptanceModel:
     Outcomes age: a bucket's outcome counts half after HALF_LIFE controller steps (``tick``),
     so an estimate nobody refreshes drifts back toward its prior, and its cold optimism returns
     with it. At k = 0 nothing refreshes it, and a few unlucky outcomes held for good: in the
-    bench on an H100 (truncated draft, T = 0, batch 1) the warm-up's four short requests,
-    whose first tokens the draft predicts worst, left the greedy bucket low, and all three
-    128-token runs of the cell stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain.
-    A replay of that cell on its recorded outcomes (scripts/adaptive_replay.py) held at k = 0
-    without aging and drafted from the second run on with it. While drafting, a position sees
-    an outcome a step and its weight saturates near the EMA's own window; a useless draft's
-    rejections age too, which costs a drafting step now and then (see the unit tests)."""
+    bench on an H100 (truncated draft, T = 0, batch 1) all three 128-token runs of the cell
+    stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain. Replayed offline
+    (scripts/adaptive_replay.py) on that cell's recorded outcomes with the warm-up's drafts
+    all rejected, the cell read 0.77x the best fixed k without aging, 0.95x / 0.91x / 0.82x
+    with half-lives of 64 / 128 / 256 steps. Aging has a price where drafting barely pays:
+    replayed on the bench's batch-64 cell (its outcomes and step times recorded on the H100 by
+    scripts/greedy_bits.py; fixed k = 2 there reads 0.94x plain), the old outcomes' weight kept
+    the controller at k = 0 (0.99x plain), a 64-step half-life let the optimism send it
+    drafting (0.92x), 128 steps cost 1% (0.98x). While drafting, a position sees an outcome a
+    step and its weight saturates above the EMA's own window (1 / shared_rate)."""
 
     STALE_STEPS = 32
     OPTIMISM = 1.0
-    HALF_LIFE = 64.0
+    HALF_LIFE = 128.0
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
                  shared_rate: float = 0.02, request_rate: float = 0.05,

@@ -202,6 +202,9 @@ def main() -> None:
     p.add_argument("--step-ms", default=",".join(map(str, H100_MID_B1_MS)),
                    help="with --trace: measured batch-1 step ms at k = 0 .. k_max")
     p.add_argument("--output-len", type=int, default=128, help="with --trace: tokens per request")
+    p.add_argument("--plain-ms", default="", help="with --bits: batch:ms,... a k = 0 step's time "
+                   "where adaptive runs it ahead of the host (the bench's no-spec cells), in place of "
+                   "greedy_bits.py's forced k = 0, which waits for the host")
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--runs", type=int, default=3, help="adaptive runs of each cell on one controller")
     p.add_argument("--seeds", type=int, default=20, help="replays (step-time noise seeds)")
@@ -223,6 +226,11 @@ def main() -> None:
         cells = [Cell(1, [m], min(a.output_len, len(m)), step_ms)]
         warm = [m[:9]] * 4
         print(f"{len(accepted)} steps at k = {k_trace}: {len(m)} token bits, {sum(m) / len(m):.2f} ones")
+    for item in filter(None, a.plain_ms.split(",")):
+        b, ms = item.split(":")
+        for cell in cells:
+            if cell.batch == int(b):
+                cell.step_ms[0] = float(ms)
     if a.warm == "rejected":
         warm = [[0] * 9 for _ in warm]
     k_max = len(cells[0].step_ms) - 1

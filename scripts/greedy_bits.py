@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--ks", default="8,5,3,2,1,4,0", help="fixed k to run (bits come from k > 0)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
+    p.add_argument("--draft", choices=("mid", "unrelated"), default="mid", help="the draft (the bench's truncated one by default)")
     a = p.parse_args()
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ def main() -> None:
     ks = [int(k) for k in a.ks.split(",")]
     s = ad.script_settings(batches, [0.0], ks=tuple(range(1, 9)))
     dirs, cache = ad.script_models(Path("/tmp/greedy_bits"), s, a.tiny)
-    core = ad.build_core(cache, dirs["target"], dirs["mid"], s)
+    core = ad.build_core(cache, dirs["target"], dirs[a.draft], s)
     vocab = core.info.vocab_size
     res: dict = {"settings": {"batches": batches, "ks": ks, "output_len": {b: s.output_len_for(b) for b in batches},
                               "prompt_len": s.prompt_len, "tiny": a.tiny},

@@ -761,8 +761,8 @@ def test_old_outcomes_age_so_an_unlucky_start_does_not_hold_a_good_draft_at_zero
     outcomes were all rejections drifts back toward its prior while the controller sits at
     k = 0, and the controller tries again. Without aging a draft accepted at 0.9, whose pass
     costs half a target step, drafted in 149 of the 200 steps after step 100 (explore probes
-    of one outcome each after 50 and 100 steps); with it, from step 49 on. A useless draft
-    keeps its probe schedule (the test above)."""
+    of one outcome each after 50 and 100 steps); with it, in all 200. A useless draft keeps
+    its probe schedule (the test above)."""
     aged = _run_batch_one(_poisoned(AcceptanceModel.HALF_LIFE, 0.5), 0.9, 300)
     assert sum(k > 0 for k in aged[100:]) >= 190
     kept = _run_batch_one(_poisoned(0.0, 0.5), 0.9, 300)
