@@ -152,7 +152,7 @@ def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KControlle
 # cells and the ramp as the default one's are.
 VARIANTS: dict[str, dict] = {
     "no-optimism": {"optimism": 0.0},   # cold acceptance estimates read as they are
-    "no-aging": {"half_life": 0.0},     # outcomes keep their weight however old
+    "aging": {"half_life": 128.0},      # an outcome counts half after 128 controller steps
 }
 
 

@@ -12,7 +12,7 @@ DEFAULT_SECTIONS = SECTIONS[:6]
 ADAPTIVE_TARGETS = ("1.7b", "4b")
 ADAPTIVE_PAIRS = ("unrelated", "self", "mid")   # the drafts of section adaptive (bench/sections_adaptive.py)
 # controller variants section adaptive can run beside the default one (bench/adaptive.py VARIANTS)
-ADAPTIVE_VARIANTS = ("no-optimism", "no-aging")
+ADAPTIVE_VARIANTS = ("no-optimism", "aging")
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--adaptive-variants", type=_names, default=None,
                    help=f"A/B: controller variants, of {','.join(ADAPTIVE_VARIANTS)}, each run right "
                         "after adaptive in every repeat and on the ramp, with its own estimates and "
-                        "cost model (no-optimism: cold acceptance estimates read as they are; no-aging: "
-                        "acceptance outcomes keep their weight however old)")
+                        "cost model (no-optimism: cold acceptance estimates read as they are; aging: "
+                        "acceptance outcomes count half after 128 steps)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:

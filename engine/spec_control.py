@@ -291,23 +291,23 @@ class AcceptanceModel:
     The frontier moves deeper as positions warm up, and the controller's periodic k + 1 step
     (``KController.DEEPER_EVERY``) tries the next position.
 
-    Outcomes age: a bucket's outcome counts half after HALF_LIFE controller steps (``tick``),
-    so an estimate nobody refreshes drifts back toward its prior, and its cold optimism returns
-    with it. At k = 0 nothing refreshes it, and a few unlucky outcomes held for good: in the
-    bench on an H100 (truncated draft, T = 0, batch 1) all three 128-token runs of the cell
-    stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain. Replayed offline
-    (scripts/adaptive_replay.py) on that cell's recorded outcomes with the warm-up's drafts
-    all rejected, the cell read 0.77x the best fixed k without aging, 0.95x / 0.91x / 0.82x
-    with half-lives of 64 / 128 / 256 steps. Aging has a price where drafting barely pays:
-    replayed on the bench's batch-64 cell (its outcomes and step times recorded on the H100 by
-    scripts/greedy_bits.py; fixed k = 2 there reads 0.94x plain), the old outcomes' weight kept
-    the controller at k = 0 (0.99x plain), a 64-step half-life let the optimism send it
-    drafting (0.92x), 128 steps cost 1% (0.98x). While drafting, a position sees an outcome a
-    step and its weight saturates above the EMA's own window (1 / shared_rate)."""
+    Outcomes can age (``half_life``; off by default, HALF_LIFE = 0): an outcome then counts
+    half after that many controller steps (``tick``), so an estimate nobody refreshes drifts
+    back toward its prior and its cold optimism returns. At k = 0 nothing refreshes an
+    estimate, and in the H100 bench (truncated draft, T = 0, batch 1) all three 128-token runs
+    of a cell once stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain. Replayed
+    offline (scripts/adaptive_replay.py) on that cell's recorded outcomes with the warm-up's
+    drafts all rejected, the cell read 0.77x the best fixed k without aging and 0.95x / 0.91x
+    with half-lives of 64 / 128 steps. On the GPU it did not pay (bench --adaptive-variants
+    aging, same runs): at batch 1, T = 0, 647 against 618 tok/s on an H100 and 664 against
+    666 on an H200; at batch 64, T = 0, where every fixed k loses to plain decoding (the
+    drafting rows finish unevenly, and the batch's last steps run nearly empty), the returning
+    optimism sent the controller drafting: 0.80x plain against 0.91x on the H200, and a
+    64-step half-life read 0.92x against 0.99x in the replay of that cell."""
 
     STALE_STEPS = 32
     OPTIMISM = 1.0
-    HALF_LIFE = 128.0
+    HALF_LIFE = 0.0
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
                  shared_rate: float = 0.02, request_rate: float = 0.05,

@@ -212,7 +212,7 @@ def main() -> None:
     p.add_argument("--warm", choices=("recorded", "rejected"), default="recorded",
                    help="the warm-up's four 8-token requests: their recorded bits (--bits; with "
                         "--trace the trace's first tokens), or every draft rejected")
-    p.add_argument("--half-lives", default=f"0,{AcceptanceModel.HALF_LIFE:g}",
+    p.add_argument("--half-lives", default="0,128",
                    help="AcceptanceModel half-lives to replay (0: outcomes never age)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()

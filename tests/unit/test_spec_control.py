@@ -740,7 +740,7 @@ def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_ei
     assert good[0] > 0 and sum(k > 0 for k in good) >= 180
     useless = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.0, 200)
     assert useless[0] > 0 and sum(k > 0 for k in useless) <= 8
-    assert useless[20:40] == [0] * 20
+    assert useless[20:50] == [0] * 30
 
 
 def _poisoned(half_life: float, draft_share: float) -> KController:
@@ -756,14 +756,15 @@ def _poisoned(half_life: float, draft_share: float) -> KController:
     return ctl
 
 
-def test_old_outcomes_age_so_an_unlucky_start_does_not_hold_a_good_draft_at_zero() -> None:
-    """Outcomes weigh less as steps pass (AcceptanceModel.HALF_LIFE): a bucket whose first
-    outcomes were all rejections drifts back toward its prior while the controller sits at
-    k = 0, and the controller tries again. Without aging a draft accepted at 0.9, whose pass
-    costs half a target step, drafted in 149 of the 200 steps after step 100 (explore probes
-    of one outcome each after 50 and 100 steps); with it, in all 200. A useless draft keeps
-    its probe schedule (the test above)."""
-    aged = _run_batch_one(_poisoned(AcceptanceModel.HALF_LIFE, 0.5), 0.9, 300)
+def test_aged_outcomes_let_an_unlucky_start_go() -> None:
+    """With aging (``half_life``; off by default) outcomes weigh less as steps pass: a bucket
+    whose first outcomes were all rejections drifts back toward its prior while the
+    controller sits at k = 0, and the controller tries again. Without aging a draft accepted
+    at 0.9, whose pass costs half a target step, drafted in 149 of the 200 steps after step
+    100 (explore probes of one outcome each after 50 and 100 steps); with a half-life of 128
+    steps, in all 200."""
+    assert AcceptanceModel.HALF_LIFE == 0.0    # off by default (the GPU bench: see its docstring)
+    aged = _run_batch_one(_poisoned(128.0, 0.5), 0.9, 300)
     assert sum(k > 0 for k in aged[100:]) >= 190
     kept = _run_batch_one(_poisoned(0.0, 0.5), 0.9, 300)
     assert sum(k > 0 for k in kept[100:]) <= 160
