@@ -261,8 +261,8 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         "the current batch, and leave first in first out: the batch climbs from 1 to its peak and "
         "back to 1. Tokens/s = all generated tokens / wall time of the whole ramp (prefills included); "
         f"no speculation and adaptive run side by side, then every fixed k, in "
-        f"{ctx.opts.adaptive_repeats} rounds (a ramp run is ~2 s; ramps seconds apart moved by up to "
-        "30%, so the best fixed k is a median too; medians and paired ratios as in the cells).",
+        f"{ctx.opts.adaptive_repeats} rounds (a ramp run is short and its speed moves between runs, "
+        "so the best fixed k is a median too; medians and paired ratios as in the cells).",
         f"Goals (issue 14): adaptive >= {GOAL_PLAIN}x no speculation and >= {GOAL_FIXED}x the best "
         f"fixed k in every cell; >= {GOAL_RAMP}x the best fixed k on the ramp. Execution: "
         f"{ctx.mode['description'] if ctx.mode else ('eager' if ctx.device.type == 'cpu' else 'see settings')}.",

@@ -100,7 +100,9 @@ class _Rates:
         self.value = [0.0] * k_max
         self.count = [0.0] * k_max                   # outcomes, as weighted at ``seen_at``
         self.seen_at = [0] * k_max                   # the clock at each position's last outcome
-        self.clock, self.half_life = clock, half_life if clock is not None else 0.0
+        if half_life < 0 or (half_life and clock is None):
+            raise ValueError("aging outcomes needs a clock and a half-life >= 0")
+        self.clock, self.half_life = clock, half_life
         self.weight, self.chain, self.optimism = weight, chain and parent is None, optimism
         self.parent = parent
         self.rate_floor = rate_floor
@@ -216,13 +218,19 @@ class _Rates:
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
 
-    def _optimistic(self, a: float, n: int) -> float:
+    def _optimistic(self, a: float, n: float) -> float:
         """``a`` raised by ``optimism`` standard errors of a rate read from n outcomes and the
         prior's weight while the position is cold (fewer than COLD_OUTCOMES outcomes)."""
         if (not self.optimism or not 0.0 < a < 1.0 or n >= self.COLD_OUTCOMES
                 or n + self.weight <= 0):
             return a
         return min(1.0, a + self.optimism * math.sqrt(a * (1.0 - a) / (n + self.weight)))
+
+
+def _outcome_count(rates: _Rates, j: int) -> float:
+    """Position j's outcomes for a snapshot: a whole number unless they age."""
+    n = rates.outcomes(j)
+    return round(n, 1) if rates.half_life else int(n)
 
 
 # a generation's phases, by the output tokens it has before a step: [0, 16), [16, 64), [64, 256), ...
@@ -296,14 +304,14 @@ class AcceptanceModel:
     back toward its prior and its cold optimism returns. At k = 0 nothing refreshes an
     estimate, and in the H100 bench (truncated draft, T = 0, batch 1) all three 128-token runs
     of a cell once stayed at k = 0 (mean k 0.08) where fixed k = 4 ran 1.3x plain. Replayed
-    offline (scripts/adaptive_replay.py) on that cell's recorded outcomes with the warm-up's
-    drafts all rejected, the cell read 0.77x the best fixed k without aging and 0.95x / 0.91x
-    with half-lives of 64 / 128 steps. On the GPU it did not pay (bench --adaptive-variants
-    aging, same runs): at batch 1, T = 0, 647 against 618 tok/s on an H100 and 664 against
-    666 on an H200; at batch 64, T = 0, where every fixed k loses to plain decoding (the
-    drafting rows finish unevenly, and the batch's last steps run nearly empty), the returning
-    optimism sent the controller drafting: 0.80x plain against 0.91x on the H200, and a
-    64-step half-life read 0.92x against 0.99x in the replay of that cell."""
+    offline (scripts/adaptive_replay.py) on that cell's recorded outcomes, four more rejected
+    outcomes in the warm-up decide between drafting (0.93x the best fixed k) and never leaving
+    k = 0 (0.77x); aging lifted the second case to 0.91-0.95x. On the GPU it did not pay, in A/B runs
+    beside a controller without it (docs/bench-h100/aging-ab): at batch 1, T = 0, 647 against
+    618 tok/s on an H100 (half-life 64) and 664 against 666 on an H200 (half-life 128); at
+    batch 64, T = 0, where every fixed k loses to plain decoding, the H200's aging controller
+    drafted (mean k 2.3) and read 0.80x plain against 0.91x for the one at k = 0 (both missed
+    on the H100: 0.87x with aging, 0.80x without)."""
 
     STALE_STEPS = 32
     OPTIMISM = 1.0
@@ -332,6 +340,7 @@ class AcceptanceModel:
         self._stale_after: dict[str, int] = {}      # request id -> steps before its own goes stale
 
     def _clock(self) -> int:
+        """The shared estimates' clock for aging: controller steps so far."""
         return self.steps
 
     def tick(self) -> None:
@@ -390,7 +399,8 @@ class AcceptanceModel:
 
     def snapshot(self) -> dict:
         """Per temperature bucket, per generation phase (output tokens): rates and outcomes."""
-        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()], "samples": [round(s.outcomes(j), 1) for j in range(self.k_max)]}
+        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()],
+                                       "samples": [_outcome_count(s, j) for j in range(self.k_max)]}
                        for i, s in enumerate(phases)}
                 for (name, _), phases in zip(TEMPERATURE_BUCKETS, self.shared)}
 

@@ -13,7 +13,15 @@ GPU (``--step-ms``, k = 0 .. k_max at batch 1) and drives the engine's own KCont
 AcceptanceModel and CostModel step by step, the way SpecControl does: hold at k = 0, decide,
 record the verifications in their generation phase, observe the step's time. Each replay runs
 the bench's cell order on one controller (a short warm-up, then the cell ``--runs`` times) and
-prints tokens/s of every run against every fixed k on the same bits.
+prints tokens/s of every run against every fixed k on the same bits. ``--bits`` reads bits and
+step times of the bench's batch sizes recorded on a GPU by scripts/greedy_bits.py instead.
+
+Where it is simpler than the engine: a step decides k, verifies k and pays for k (the engine
+verifies the drafts the step before proposed, so a change of k costs a mixed step); a prompt
+that arrives while the controller is at k = 0 leaves the draft behind by its length (as the
+engine does), and no prefill step is modelled; a step's time is the cell's measured time at k,
+scaled to a smaller batch by the calibration's device times, with log-normal noise and no host
+effects; the cost model runs ahead at k = 0 as on the GPU but is never told hidden host time.
 
     python scripts/adaptive_replay.py --trace docs/bench-h100/draft-profile/call9_h100_decisions_b1_t0.log
 
@@ -35,6 +43,7 @@ from typing import Callable, Optional
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController,
                                            Row, generation_phase, temperature_bucket)
 
+WARM_TOKENS = 8      # the bench's warm-up: four requests of 8 tokens (max_tokens 8)
 # the H100's batch-1 step times of the bench's truncated-draft pair (call 9's trace, ms), k = 0..8
 H100_MID_B1_MS = (1.86, 2.79, 3.45, 4.18, 4.43, 5.03, 5.58, 6.08, 6.69)
 
@@ -52,7 +61,8 @@ def matches_from_fixed_trace(accepted: list[int], k: int, fill: int, first: int 
 
 
 def read_fixed_trace(path: Path, label: str = "fixed") -> tuple[list[int], int]:
-    """(accepted per step, k) of the first fixed-k run in an adaptive_decisions.py log."""
+    """(accepted per step, k) of the first fixed-k run in an adaptive_decisions.py log, up to its
+    first step that verified fewer than k (its end: the bits after it would be misplaced)."""
     lines = path.read_text().splitlines()
     start = next(i for i, ln in enumerate(lines) if re.search(rf"-{label}(\d+):", ln))
     k = int(re.search(rf"-{label}(\d+):", lines[start]).group(1))
@@ -62,12 +72,14 @@ def read_fixed_trace(path: Path, label: str = "fixed") -> tuple[list[int], int]:
         if len(f) < 6 or not f[0].isdigit():
             break
         drafts, tokens = int(f[3]), int(f[5])
-        if drafts == k:
-            accepted.append(tokens - 1)
+        if drafts != k:
+            break
+        accepted.append(tokens - 1)
     return accepted, k
 
 
 def run_length(m: list[int], t: int, k: int) -> int:
+    """Drafts a step at token t with k drafts accepts: the leading ones of m[t:t + k]."""
     n = 0
     while n < k and t + n < len(m) and m[t + n]:
         n += 1
@@ -89,12 +101,14 @@ class RunResult:
 def replay(ctl: Optional[KController], matches: list[list[int]], output_len: int, k_max: int,
            step_seconds: Callable[[int, int], float], catchup: Callable[[int], float],
            rng: random.Random, noise: float, fixed: Optional[int] = None,
-           request_tag: str = "r") -> RunResult:
+           request_tag: str = "r", prompt_len: int = 32) -> RunResult:
     """One cell: len(matches) requests decode ``output_len`` tokens together at T = 0, with
-    ``ctl`` choosing k (or every step at ``fixed``)."""
+    ``ctl`` choosing k, or every step at ``fixed`` (``ctl`` is then not consulted)."""
     b = len(matches)
+    adaptive = ctl is not None and fixed is None
     pos = [1] * b                        # output tokens committed (the prefill made the first)
-    lag = [0] * b                        # tokens the draft's KV has not seen
+    # tokens the draft's KV has not seen: a prompt admitted at k = 0 is not fed to the draft
+    lag = [prompt_len if adaptive and ctl.current == 0 else 0] * b
     ids = [f"{request_tag}{i}" for i in range(b)]
     bucket = temperature_bucket(0.0)
     seconds, steps, chosen = 0.0, 0, [0] * (k_max + 1)
@@ -102,7 +116,7 @@ def replay(ctl: Optional[KController], matches: list[list[int]], output_len: int
         live = [i for i in range(b) if pos[i] < output_len]
         n = len(live)
         budget = {i: max(0, min(k_max, output_len - pos[i] - 1)) for i in live}
-        if fixed is not None:
+        if not adaptive:
             ks = {i: min(fixed, budget[i]) for i in live}
         else:
             ctl.acceptance.tick()
@@ -124,25 +138,26 @@ def replay(ctl: Optional[KController], matches: list[list[int]], output_len: int
                 verified.append((ids[i], bucket, ks[i], a, generation_phase(pos[i])))
                 lag[i] = 0
             else:
-                lag[i] += 1 + a
+                lag[i] += 1
             pos[i] += 1 + a
             tokens += 1 + a
             chosen[ks[i]] += 1
-        if ctl is not None and fixed is None:
+        if adaptive:
             if verified:
                 ctl.acceptance.record_step(verified)
             ctl.observe_step(n, k, k, tokens, t)
         seconds += t
         steps += 1
-    if ctl is not None:
+    if adaptive:
         for i in ids:
             ctl.acceptance.forget(i)
-    return RunResult(sum(min(p, output_len) - 1 for p in pos), seconds, steps, chosen)
+    return RunResult(sum(p - 1 for p in pos), seconds, steps, chosen)
 
 
-def calibration_from(step_ms: list[float], batch_scale: float = 1.0) -> Calibration:
+def calibration_from(step_ms: list[float]) -> Calibration:
     """A batch-1 calibration whose widths reproduce ``step_ms`` (target part: the plain step;
-    the rest as draft passes), as start-up would measure it."""
+    the rest as draft passes), as start-up would measure it; the draft's catch-up costs are
+    call 9's H100 calibration (docs/bench-h100/draft-profile/call9_h100_decisions_b1_t0.log)."""
     plain = step_ms[0] * 1e-3
     draft = [(s - step_ms[0]) * 1e-3 / max(k, 1) for k, s in enumerate(step_ms)][1:]
     d = statistics.median(draft)
@@ -188,7 +203,7 @@ def load_bits(path: Path, fill: int, k_max: int) -> tuple[list[Cell], list[list[
                       c["catchup_graph_seconds_per_token"], c["catchup_graph_seconds_fixed"])
     cells = [Cell(int(b), [_fill(r, fill) for r in cell["bits"]], d["settings"]["output_len"][b],
                   _interp_ms(cell["step_ms"], k_max)) for b, cell in d["cells"].items()]
-    return cells, [_fill(r, fill)[:9] for r in d["warm"]], cal
+    return cells, [_fill(r, fill)[:WARM_TOKENS] for r in d["warm"]], cal
 
 
 def main() -> None:
@@ -212,6 +227,9 @@ def main() -> None:
     p.add_argument("--warm", choices=("recorded", "rejected"), default="recorded",
                    help="the warm-up's four 8-token requests: their recorded bits (--bits; with "
                         "--trace the trace's first tokens), or every draft rejected")
+    p.add_argument("--warm-tokens", type=int, default=WARM_TOKENS,
+                   help="tokens per warm-up request (the bench's: 8); with --warm rejected one more "
+                        "is one more rejected verification per request")
     p.add_argument("--half-lives", default="0,128",
                    help="AcceptanceModel half-lives to replay (0: outcomes never age)")
     p.add_argument("--json", type=Path, help="write the results here")
@@ -224,7 +242,7 @@ def main() -> None:
         step_ms = [float(x) for x in a.step_ms.split(",")]
         cal = calibration_from(step_ms)
         cells = [Cell(1, [m], min(a.output_len, len(m)), step_ms)]
-        warm = [m[:9]] * 4
+        warm = [m[:WARM_TOKENS]] * 4
         print(f"{len(accepted)} steps at k = {k_trace}: {len(m)} token bits, {sum(m) / len(m):.2f} ones")
     for item in filter(None, a.plain_ms.split(",")):
         b, ms = item.split(":")
@@ -232,13 +250,14 @@ def main() -> None:
             if cell.batch == int(b):
                 cell.step_ms[0] = float(ms)
     if a.warm == "rejected":
-        warm = [[0] * 9 for _ in warm]
+        warm = [[0] * a.warm_tokens for _ in warm]
     k_max = len(cells[0].step_ms) - 1
-    catchup = CostModel(cal).catchup_seconds
+    cost = CostModel(cal)
+    catchup = cost.catchup_seconds
     res: dict = {"warm": a.warm, "cells": {}}
     fixed_by_cell = {}
     for cell in cells:
-        truth = _truth(cell)
+        truth = _truth(cell, cost)
         fixed = {k: replay(None, cell.rows, cell.output_len, k_max, truth, catchup,
                            random.Random(0), 0.0, fixed=k).tok_per_s for k in range(k_max + 1)}
         fixed_by_cell[cell.batch] = fixed
@@ -263,9 +282,13 @@ def main() -> None:
         a.json.write_text(json.dumps(res))
 
 
-def _truth(cell: Cell) -> Callable[[int, int], float]:
-    """A step's seconds: the cell's measured time at k (the batch shrinks only at the end)."""
-    return lambda n, k: cell.step_ms[k] * 1e-3
+def _truth(cell: Cell, cost: CostModel) -> Callable[[int, int], float]:
+    """A step's seconds: the cell's measured time at k, at a smaller batch (its rows finishing,
+    or the warm-up's four) scaled by the calibration's device times."""
+    def seconds(n: int, k: int) -> float:
+        scale = cost.device_seconds(n, k, k) / cost.device_seconds(cell.batch, k, k)
+        return cell.step_ms[k] * 1e-3 * scale
+    return seconds
 
 
 def replay_bench(cells: list[Cell], warm: list[list[int]], k_max: int, cal: Calibration,
@@ -274,14 +297,18 @@ def replay_bench(cells: list[Cell], warm: list[list[int]], k_max: int, cal: Cali
     """The bench's order on one controller per seed: the warm-up, then each cell ``a.runs``
     times. Returns {batch: tok/s of each run, per seed}."""
     out = {c.batch: [[] for _ in range(a.runs)] for c in cells}
+    scale = CostModel(cal)
     for seed in range(a.seeds):
         rng = random.Random(seed)
-        ctl = KController(k_max, "adaptive", CostModel(cal), AcceptanceModel(k_max, half_life=half_life))
-        replay(ctl, warm, len(warm[0]), k_max, _truth(cells[0]), catchup, rng, a.noise, request_tag="w")
+        # decode-ahead runs plain steps ahead on the GPU: the engine's cost model knows it
+        ctl = KController(k_max, "adaptive", CostModel(cal, zero_runs_ahead=True),
+                          AcceptanceModel(k_max, half_life=half_life))
+        replay(ctl, warm, len(warm[0]), k_max, _truth(cells[0], scale), catchup, rng, a.noise,
+               request_tag="w")
         for cell in cells:
             for r in range(a.runs):
-                res = replay(ctl, cell.rows, cell.output_len, k_max, _truth(cell), catchup, rng,
-                             a.noise, request_tag=f"b{cell.batch}-{r}-")
+                res = replay(ctl, cell.rows, cell.output_len, k_max, _truth(cell, scale), catchup,
+                             rng, a.noise, request_tag=f"b{cell.batch}-{r}-")
                 out[cell.batch][r].append(res.tok_per_s)
     return out
 

@@ -4,13 +4,17 @@ arithmetic against hand-counted steps, and its fixed k against the speed-up a fi
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "adaptive_replay.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "adaptive_replay.py"
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +74,29 @@ def test_fixed_k_on_recorded_bits_matches_the_gpu(rp) -> None:
 def test_measured_step_times_interpolate_between_fixed_k(rp) -> None:
     assert rp._interp_ms({"0": 1.0, "2": 3.0, "8": 9.0}, 8) == pytest.approx(
         [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+
+
+def test_greedy_bits_then_replay_end_to_end(rp, tmp_path: Path) -> None:
+    """scripts/greedy_bits.py on the tiny CPU shapes (the unrelated draft, so that its bits
+    hold zeros) as a user runs it, then the replay on its JSON: every bit a fixed-k run saw is
+    read back, runs at different k agree on every bit (the CPU is deterministic), and the
+    replay's fixed k reads the step times the script measured."""
+    out = tmp_path / "bits"
+    env = {**os.environ, "OUT": str(out), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "greedy_bits.py"), "--tiny",
+                           "--batches", "2", "--ks", "3,2,0", "--draft", "unrelated"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads((out / "greedy_bits.json").read_text())
+    cell = d["cells"]["2"]
+    n = d["settings"]["output_len"]["2"]
+    assert len(cell["bits"]) == 2 and all(len(r) == n + 1 for r in cell["bits"])
+    assert cell["conflicts"] == 0 and 0 < cell["ones"] < 1
+    assert cell["unseen"] < 0.1 * 2 * (n - 1)
+    assert set(cell["step_ms"]) == {"3", "2", "0"} and all(v > 0 for v in cell["step_ms"].values())
+    cells, warm, cal = rp.load_bits(out / "greedy_bits.json", 1, 3)
+    assert len(warm) == 4 and all(len(w) == rp.WARM_TOKENS for w in warm) and cal.batches
+    assert cells[0].step_ms[3] == cell["step_ms"]["3"]
+    fixed = rp.replay(None, cells[0].rows, n, 3, rp._truth(cells[0], rp.CostModel(cal)), lambda t: 0.0,
+                      random.Random(0), 0.0, fixed=0)
+    assert fixed.steps == n - 1 and fixed.seconds == pytest.approx((n - 1) * cell["step_ms"]["0"] * 1e-3)
