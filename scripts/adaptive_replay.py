@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController,
-                                           Row, generation_phase, temperature_bucket)
+                                           Row, _interp, generation_phase, temperature_bucket)
 
 WARM_TOKENS = 8      # the bench's warm-up: four requests of 8 tokens (max_tokens 8)
 # the H100's batch-1 step times of the bench's truncated-draft pair (call 9's trace, ms), k = 0..8
@@ -185,12 +185,8 @@ def _fill(bits: list[int], fill: int) -> list[int]:
 def _interp_ms(step_ms: dict, k_max: int) -> list[float]:
     """Step ms for k = 0 .. k_max from the fixed k measured (linear in k between them)."""
     known = sorted((int(k), v) for k, v in step_ms.items() if v is not None)
-    out = []
-    for k in range(k_max + 1):
-        lo = max((p for p in known if p[0] <= k), default=known[0])
-        hi = min((p for p in known if p[0] >= k), default=known[-1])
-        out.append(lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0]))
-    return out
+    ks, ms = [k for k, _ in known], [v for _, v in known]
+    return [_interp(ks, ms, k, padded=False) for k in range(k_max + 1)]
 
 
 def load_bits(path: Path, fill: int, k_max: int) -> tuple[list[Cell], list[list[int]], Calibration]:
