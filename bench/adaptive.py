@@ -150,9 +150,14 @@ def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KControlle
 # A/B of the controller: a variant runs as config "adaptive:<name>", beside the default adaptive
 # controller, with its own acceptance estimates and cost model (same calibration), kept across
 # cells and the ramp as the default one's are.
-VARIANTS: dict[str, dict] = {
-    "no-optimism": {"optimism": 0.0},   # cold acceptance estimates read as they are
-    "aging": {"half_life": 128.0},      # an outcome counts half after 128 controller steps
+# Each names keyword arguments of AcceptanceModel ("acceptance") and KController ("controller").
+VARIANTS: dict[str, dict[str, dict]] = {
+    # cold acceptance estimates read as they are
+    "no-optimism": {"acceptance": {"optimism": 0.0}},
+    # an outcome counts half after 128 controller steps
+    "aging": {"acceptance": {"half_life": 128.0}},
+    # probes from k = 0 on the doubling schedule only, none paid by the evidence
+    "schedule-probes": {"controller": {"probe_share_max": 0.0}},
 }
 
 
@@ -163,8 +168,10 @@ def variant_controllers(core: EngineCore, names: tuple[str, ...]) -> dict[str, K
     for name in names:
         cost = None if base.cost is None else CostModel(base.cost.cal,
                                                         zero_runs_ahead=base.cost.zero_runs_ahead)
-        acceptance = AcceptanceModel(base.k_max, **VARIANTS[name])
-        out[f"adaptive:{name}"] = KController(base.k_max, "adaptive", cost, acceptance)
+        v = VARIANTS[name]
+        acceptance = AcceptanceModel(base.k_max, **v.get("acceptance", {}))
+        out[f"adaptive:{name}"] = KController(base.k_max, "adaptive", cost, acceptance,
+                                              **v.get("controller", {}))
     return out
 
 

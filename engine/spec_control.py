@@ -22,7 +22,9 @@ Plain Python, no torch. Three parts, each fed by numbers the engine already has:
 
       E_r(k) = 1 + sum_{i<=k} prod_{j<=i} a_{r,j},   goodput(k) = sum_r E_r(k) / step(B, k)
 
-  and picks the best (k = 0: plain decoding through the same path). One k for the whole batch:
+  and picks the best (k = 0: plain decoding through the same path). At k = 0 a step at k = 1
+  now and then (a probe) keeps the estimates alive: on a doubling schedule, and as often as
+  the speed-up drafting could still bring (``expected_gain``) pays for. One k for the whole batch:
   the draft program runs its passes for the batch's largest k and the verification graph is
   padded to the batch's widest row, so a smaller k for one request saves no time and only loses
   its expected tokens (docs/speculation.md). Rows may still take fewer drafts near max_tokens.
@@ -64,6 +66,33 @@ def expected_tokens_table(rates: list[float]) -> list[float]:
         e += run
         out.append(e)
     return out
+
+
+def expected_gain(mean: float, weight: float, seconds: list[float], margin: float = 1.0,
+                  points: int = 32) -> float:
+    """The expected relative speed-up over k = 0 of drafting at the best k, when every
+    position's acceptance is one rate A read as ``mean`` from ``weight`` outcomes (its prior's
+    weight included) and a step at k takes ``seconds[k]``: E[max(0, max_k E_k(A) s_0 / (s_k
+    margin) - 1)] for A ~ N(mean, mean (1 - mean) / (weight + 1)) (a Beta's mean and variance)
+    cut to [0, 1] and to four standard deviations, by the midpoint rule over ``points`` rates."""
+    def gain(a: float) -> float:
+        best, e, run = 0.0, 1.0, 1.0
+        for k in range(1, len(seconds)):
+            run *= a
+            e += run
+            best = max(best, e * seconds[0] / (seconds[k] * margin) - 1.0)
+        return best
+    sd = math.sqrt(max(mean * (1.0 - mean), 0.0) / (weight + 1.0)) if weight > 0 else 0.5
+    if sd == 0.0:
+        return gain(mean)
+    lo, hi = max(0.0, mean - 4.0 * sd), min(1.0, mean + 4.0 * sd)
+    total = mass = 0.0
+    for i in range(points):
+        a = lo + (i + 0.5) * (hi - lo) / points
+        w = math.exp(-0.5 * ((a - mean) / sd) ** 2)
+        mass += w
+        total += w * gain(a)
+    return total / mass if mass > 0 else gain(mean)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -391,6 +420,18 @@ class AcceptanceModel:
     def table(self, request_id: str, bucket: int, phase: int = 0) -> list[float]:
         """E(0..k_max) for this request (cached until its estimates change)."""
         return self._estimate(request_id, bucket, phase).table()
+
+    def evidence(self, bucket: int, phase: int) -> tuple[float, float]:
+        """(position 1's plain estimate, the outcomes behind it) of a bucket and phase: a
+        later phase that no verification has reached reads the phase before, and so does its
+        evidence. Outcomes count up to the EMA's window (1 / ``shared_rate``): an estimate
+        never reads surer than that. The estimate is also worth its prior's weight
+        (``prior_weight`` outcomes) on top."""
+        rates = self.shared[bucket][phase]
+        while rates.parent is not None and not rates.outcomes(0):
+            rates = rates.parent
+        cap = 1.0 / rates.rate_floor if rates.rate_floor > 0 else math.inf
+        return rates.plain()[0], min(rates.outcomes(0), cap)
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)
@@ -760,10 +801,32 @@ class KController:
     # STALE_ZERO_PROBES times a bucket.
     STALE_ZERO_SAMPLES = 5
     STALE_ZERO_PROBES = 4
+    # Probes paid by the evidence. The schedule above (EXPLORE_EVERY, doubling) probes as
+    # seldom for a draft that a handful of outcomes put below break-even as for one that
+    # thousands put at zero. Each probe verifies one draft a row: at batch 1 its one outcome
+    # decides the next. In replays of an H100 trace (truncated draft, T = 0, batch 1, acceptance
+    # ~0.78) the warm-up's four rejected outcomes held k = 0; a probe 26 steps into the first
+    # request was accepted and the controller drafted (0.93x the best fixed k), one 22 steps in
+    # was rejected and it never drafted again (0.77x); three GPU runs of that cell read 0.77x,
+    # 0.88x and 0.97x. So, besides the schedule, every step at k = 0 sets aside a share of its
+    # time for probes: PROBE_GAIN_FACTOR times the speed-up drafting is expected to bring
+    # (``expected_gain``: position 1's estimate read as a Beta of its outcomes, the option
+    # value of an uncertain one included), at most PROBE_SHARE_MAX. A probe runs once the
+    # share saved covers its cost (its catch-up and its wider step). A few rejections leave
+    # some chance that drafting pays and the probes come every few steps until the outcomes
+    # decide; a draft read at 0.05 from 50 outcomes costs nothing more. Replayed on the H100
+    # data (scripts/adaptive_replay.py --probe-shares) a factor of 16 took that trace's stuck
+    # case from 0.77x to 0.92x the best fixed k (median of 20 replays), and cost 0-2% at
+    # batch 16 and 64, where drafting and plain decoding are near a tie.
+    PROBE_SHARE_MAX = 0.25
+    PROBE_GAIN_FACTOR = 16.0
+    PROBE_EVIDENCE_OUTCOMES = 16
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
-                 acceptance: Optional[AcceptanceModel] = None):
+                 acceptance: Optional[AcceptanceModel] = None,
+                 probe_share_max: Optional[float] = None):
         self.k_max, self.mode, self.cost = k_max, mode, cost
+        self.probe_share_max = self.PROBE_SHARE_MAX if probe_share_max is None else probe_share_max
         self.acceptance = acceptance or AcceptanceModel(k_max)
         self.force: Optional[Callable[[Row], int]] = None
         # adaptive starts from plain decoding: the first k > 0 must pay for itself, catch-up
@@ -789,6 +852,10 @@ class KController:
         self._zero_samples_wanted = 0    # a k = 0 probe holds until its cell has this many steps
         self._stale_probe_counts: dict[int, int] = {}
         self._probe_waiting = False  # a probe fell due and could not be afforded yet
+        self.probe_credit = 0.0      # seconds at k = 0 set aside for probes (PROBE_SHARE_MAX)
+        self._probe_share = 0.0      # ... their share, as the last full evaluation read it
+        self._probe_cost = math.inf  # ... and a probe's cost then
+        self.evidence_probes = 0     # probes the credit paid for
 
     @property
     def adaptive(self) -> bool:
@@ -816,12 +883,16 @@ class KController:
                 or self._held >= (self.ZERO_PROBE_STEPS if probing else self.recheck_every(batch) - 1)
                 or (probing and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
-                    and not self._probe_waiting)):
+                    and not self._probe_waiting)
+                or (not probing and self._probe_share
+                    and self.probe_credit + self._probe_share * self._held_seconds >= self._probe_cost)):
             self._probing_zero = False
             return False
         self._held += 1
         self.steps_at_zero += 1
         self.seconds_at_zero += self._held_seconds
+        if not probing:
+            self.probe_credit += self._probe_share * self._held_seconds
         self.chosen_counts[0] += batch
         return True
 
@@ -870,12 +941,22 @@ class KController:
             self.steps_drafting = 0
             self.steps_at_zero += 1
             self.seconds_at_zero += seconds[0]
+            if not self._probing_zero:
+                self._probe_share = self._probe_share_now(rows, seconds)
+                self._probe_cost = self.cost.catchup_seconds(lag) + max(0.0, seconds[1] - seconds[0])
+                self.probe_credit += self._probe_share * seconds[0]
             if self.steps_at_zero >= self.explore_every:
                 self._probe_waiting = not self._probe_affordable(seconds, lag)
                 if not self._probe_waiting:
                     self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                     self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
+            if best == 0 and self._probe_share and self.probe_credit >= self._probe_cost:
+                self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
+                self.evidence_probes += 1
+            if best:
+                self.probe_credit = 0.0
         else:
+            self.probe_credit = 0.0
             self._probe_waiting = False
             self.steps_at_zero, self.seconds_at_zero = 0, 0.0
             if self.current != 0:                          # speculation paid beyond a probe
@@ -922,6 +1003,27 @@ class KController:
             horizon = min(horizon, remaining)
         saved = horizon / goodput[0] - horizon / goodput[k] if goodput[0] > 0 and goodput[k] > 0 else 0.0
         return saved > self.cost.catchup_seconds(lag)
+
+    def _probe_share_now(self, rows: list[Row], seconds: list[float]) -> float:
+        """The share of a step at k = 0 set aside for probes: over the rows that would draft,
+        the mean chance that their bucket and phase's position 1 beats the batch's break-even
+        rate (``breakeven_rate`` at HYSTERESIS), at most ``probe_share_max``."""
+        if self.probe_share_max <= 0 or len(seconds) < 2:
+            return 0.0
+        groups: dict[tuple[int, int], int] = {}
+        for r in rows:
+            if r.pinned is None and r.budget > 0:
+                key = (r.bucket, r.phase)
+                groups[key] = groups.get(key, 0) + 1
+        if not groups:
+            return 0.0
+        gain = 0.0
+        for (b, p), n in groups.items():
+            mean, outcomes = self.acceptance.evidence(b, p)
+            if outcomes < self.PROBE_EVIDENCE_OUTCOMES:
+                gain += n * expected_gain(mean, outcomes + self.acceptance.prior_weight, seconds,
+                                          self.HYSTERESIS)
+        return min(self.probe_share_max, self.PROBE_GAIN_FACTOR * gain / sum(groups.values()))
 
     def _probe_affordable(self, seconds: list[float], lag: int) -> bool:
         """A probing step at k = 1 (its catch-up and its wider step; ``seconds`` are this batch's
@@ -993,6 +1095,8 @@ class KController:
         return {"mode": self.mode, "k_max": self.k_max, "current_k": self.current,
                 "chosen_k_counts": list(self.chosen_counts),
                 "zero_probes": self.zero_probes,
+                "evidence_probes": self.evidence_probes,
+                "probe_share": round(self._probe_share, 4),
                 "predicted_speedup": None if last is None else last.predicted_speedup,
                 "measured_speedup": self.measured_speedup,
                 "goodput_tokens_per_s": [] if last is None else [round(g, 2) for g in last.goodput],

@@ -63,8 +63,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--variants", default="", help="A/B: controller variants (specserve.bench.adaptive."
+                    "VARIANTS, comma-separated), each an adaptive engine of its own per draft")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    from specserve.bench.adaptive import variant_controllers
     from specserve.engine.core import EngineCore
     from specserve.engine.llm import make_config
 
@@ -74,10 +77,14 @@ def main(argv=None) -> int:
     results = []
     t0 = time.monotonic()
     engines = {("no spec", "plain"): EngineCore(make_config("demo", **common))}
+    variants = [v for v in args.variants.split(",") if v]
     for name, draft in drafts.items():
-        for mode in ("fixed", "adaptive"):
-            engines[(name, mode)] = EngineCore(make_config(
-                "demo", draft_model=draft, num_speculative_tokens=args.k, speculative_k=mode, **common))
+        for mode in ["fixed", "adaptive"] + [f"adaptive:{v}" for v in variants]:
+            engines[(name, mode)] = core = EngineCore(make_config(
+                "demo", draft_model=draft, num_speculative_tokens=args.k,
+                speculative_k=mode.split(":")[0], **common))
+            if ":" in mode:   # the variant's controller in place of the default one
+                core.spec_control.controller = variant_controllers(core, (mode.split(":")[1],))[mode]
     for b in args.batches:
         runs: dict = {key: [] for key in engines}
         for key, core in engines.items():
@@ -109,10 +116,10 @@ def main(argv=None) -> int:
     print(f"\n| Draft | k | Batch | tok/s no spec | tok/s | ratio | E (accept len) | chosen k counts 0..{args.k} |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        k = f"fixed {args.k}" if r["mode"] == "fixed" else "adaptive"
+        k = f"fixed {args.k}" if r["mode"] == "fixed" else r["mode"]
         e = "n/a" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
         print(f"| {r['draft']} | {k} | {r['batch']} | {r['no_spec_tok_per_s']:.1f} | {r['tok_per_s']:.1f} "
-              f"| {r['ratio']:.2f}x | {e} | {r['chosen_k'] if r['mode'] == 'adaptive' else ''} |")
+              f"| {r['ratio']:.2f}x | {e} | {r['chosen_k'] if r['mode'] != 'fixed' else ''} |")
     print(f"\n({time.monotonic() - t0:.0f} s, output {args.output_len} tokens, "
           f"median of {args.repeats} side-by-side repeats)")
     if args.json:

@@ -228,6 +228,8 @@ def main() -> None:
                         "is one more rejected verification per request")
     p.add_argument("--half-lives", default="0,128",
                    help="AcceptanceModel half-lives to replay (0: outcomes never age)")
+    p.add_argument("--probe-shares", default=str(KController.PROBE_SHARE_MAX),
+                   help="KController probe_share_max values to replay (0: probes on the schedule only)")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
     if a.bits:
@@ -260,9 +262,10 @@ def main() -> None:
         ones = sum(sum(r[1:cell.output_len]) for r in cell.rows) / sum(cell.output_len - 1 for _ in cell.rows)
         print(f"batch {cell.batch}: {len(cell.rows)} requests of {cell.output_len} tokens, ones {ones:.2f}; "
               "fixed k tok/s " + ", ".join(f"{k}: {v:,.0f}" for k, v in fixed.items()))
-    for half_life in (float(h) for h in a.half_lives.split(",")):
-        per_cell = replay_bench(cells, warm, k_max, cal, catchup, half_life, a)
-        print(f"half-life {half_life:g} steps, warm-up {a.warm}:")
+    settings = [(float(h), float(ps)) for h in a.half_lives.split(",") for ps in a.probe_shares.split(",")]
+    for half_life, share in settings:
+        per_cell = replay_bench(cells, warm, k_max, cal, catchup, half_life, share, a)
+        print(f"half-life {half_life:g} steps, probe share {share:g}, warm-up {a.warm}:")
         for cell in cells:
             fixed, per_run = fixed_by_cell[cell.batch], per_cell[cell.batch]
             best_k = max(range(1, k_max + 1), key=lambda k: fixed[k])
@@ -273,7 +276,7 @@ def main() -> None:
                   f"plain over {a.seeds} replays; worst {min(meds) / fixed[best_k]:.2f}x / "
                   f"{min(meds) / fixed[0]:.2f}x; runs " + ", ".join(
                       f"{statistics.median(v) / fixed[0]:.2f}" for v in per_run) + "x plain")
-            res["cells"].setdefault(cell.batch, {"fixed": fixed})[half_life] = per_run
+            res["cells"].setdefault(cell.batch, {"fixed": fixed})[f"{half_life:g}/{share:g}"] = per_run
     if a.json:
         a.json.write_text(json.dumps(res))
 
@@ -288,7 +291,7 @@ def _truth(cell: Cell, cost: CostModel) -> Callable[[int, int], float]:
 
 
 def replay_bench(cells: list[Cell], warm: list[list[int]], k_max: int, cal: Calibration,
-                 catchup: Callable[[int], float], half_life: float,
+                 catchup: Callable[[int], float], half_life: float, probe_share: float,
                  a: argparse.Namespace) -> dict[int, list[list[float]]]:
     """The bench's order on one controller per seed: the warm-up, then each cell ``a.runs``
     times. Returns {batch: tok/s of each run, per seed}."""
@@ -298,7 +301,7 @@ def replay_bench(cells: list[Cell], warm: list[list[int]], k_max: int, cal: Cali
         rng = random.Random(seed)
         # decode-ahead runs plain steps ahead on the GPU: the engine's cost model knows it
         ctl = KController(k_max, "adaptive", CostModel(cal, zero_runs_ahead=True),
-                          AcceptanceModel(k_max, half_life=half_life))
+                          AcceptanceModel(k_max, half_life=half_life), probe_share_max=probe_share)
         replay(ctl, warm, len(warm[0]), k_max, _truth(cells[0], scale), catchup, rng, a.noise,
                request_tag="w")
         for cell in cells:

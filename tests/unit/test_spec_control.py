@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import pytest
 
@@ -10,8 +11,8 @@ from specserve.engine.batch import ScheduledRequest
 from specserve.engine.request import Request
 from specserve.engine import spec_control
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
-                                           SpecControl, expected_tokens, generation_phase,
-                                           temperature_bucket)
+                                           SpecControl, expected_gain, expected_tokens,
+                                           generation_phase, temperature_bucket)
 from specserve.engine.types import SamplingParams, StepStats
 
 K = 4
@@ -367,10 +368,11 @@ def _engine_step(ctl: KController, batch: int) -> int:
     return 0 if ctl.hold_zero(batch) else _decide(ctl, batch)
 
 
-def _trained(draft_per_target: float, accepted: int, outcomes: int) -> KController:
+def _trained(draft_per_target: float, accepted: int, outcomes: int,
+             probe_share_max: Optional[float] = None) -> KController:
     """A controller over ``_cal(draft_per_target)`` whose bucket 0 has seen ``outcomes``
     verifications of K drafts, each accepting ``accepted``."""
-    ctl = KController(K, "adaptive", CostModel(_cal(draft_per_target)))
+    ctl = KController(K, "adaptive", CostModel(_cal(draft_per_target)), probe_share_max=probe_share_max)
     for _ in range(outcomes):
         ctl.acceptance.record("x", 0, K, accepted)
     return ctl
@@ -382,8 +384,10 @@ def _bad_draft_controller() -> KController:
 
 def _steps_after_the_draft_turns_good(batch: int) -> list[int]:
     """A cheap draft that rejected everything holds ``batch`` at 0; then it accepts everything
-    while the batch sits at 0: the steps of the next recheck period."""
-    ctl = _trained(0.05, 0, 200)
+    while the batch sits at 0: the steps of the next recheck period. (Without probes paid by
+    the evidence: at 0.05 of a target step, a draft read at 0.04 from 50 outcomes is near
+    enough its break-even that they would end the hold early.)"""
+    ctl = _trained(0.05, 0, 200, probe_share_max=0.0)
     assert _engine_step(ctl, batch) == 0
     for _ in range(400):
         ctl.acceptance.record("x", 0, K, K)
@@ -732,15 +736,21 @@ def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_ei
     one outcome per probe (on the CPU machine the demo pair, whose drafts are accepted at ~0.9,
     finished batch-1 requests of 128 tokens at k = 0 while fixed k = 4 ran 1.4x plain). With
     optimism the first step drafts; a draft accepted at 0.95 keeps drafting, a useless one is
-    back at 0 within a few steps and then only probes."""
+    back at 0 within a few steps and then only probes. Probes paid by the evidence also find
+    the good draft without optimism, within a few steps."""
     cal = _cal(0.7)
-    cautious = KController(K, "adaptive", CostModel(cal), AcceptanceModel(K, optimism=0.0))
+    cautious = KController(K, "adaptive", CostModel(cal), AcceptanceModel(K, optimism=0.0),
+                           probe_share_max=0.0)
     assert _run_batch_one(cautious, 0.95, 40).count(0) == 40
+    # probes paid by the evidence find it too: the prior alone, worth 4 outcomes, leaves
+    # drafting a fair chance of paying
+    evidence = KController(K, "adaptive", CostModel(cal), AcceptanceModel(K, optimism=0.0))
+    assert evidence.probe_share_max > 0 and _run_batch_one(evidence, 0.95, 40).count(0) <= 8
     good = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.95, 200)
     assert good[0] > 0 and sum(k > 0 for k in good) >= 180
     useless = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.0, 200)
     assert useless[0] > 0 and sum(k > 0 for k in useless) <= 8
-    assert useless[20:50] == [0] * 30
+    assert sum(k > 0 for k in useless[20:]) <= 3     # probes, further and further apart
 
 
 def _poisoned(half_life: float, draft_share: float) -> KController:
@@ -978,3 +988,64 @@ def test_a_stale_plain_cell_that_reads_slower_than_drafting_is_measured_again() 
     assert held == ctl.STALE_ZERO_SAMPLES                # (the probe's own step verifies drafts)
     assert [ctl.decide(rows).k for _ in range(20)] == [0] * 20
     assert ctl.cost.step_seconds(16, 0) == pytest.approx(0.010)
+
+
+# ---- probes paid by the evidence ---------------------------------------------------------------
+STEP_TIMES = [1.0, 1.7, 2.4, 3.1, 3.8]     # a draft pass of 0.7 target steps, k = 0..4
+
+
+def _gain_at(a: float, seconds: list[float]) -> float:
+    return max(0.0, max(sum(a ** i for i in range(k + 1)) * seconds[0] / seconds[k] - 1.0
+                        for k in range(1, len(seconds))))
+
+
+def test_expected_gain_is_the_gain_for_a_sure_estimate_and_option_value_for_an_unsure_one() -> None:
+    """A sure estimate (weight -> inf) gains what its rate gains; an unsure one below break-even
+    still has some chance of paying (fewer outcomes: more), one far below with many outcomes none."""
+    for a in (0.3, 0.8, 0.95):
+        assert expected_gain(a, 1e12, STEP_TIMES) == pytest.approx(_gain_at(a, STEP_TIMES), abs=1e-6)
+    assert _gain_at(0.3, STEP_TIMES) == 0.0
+    few, many = expected_gain(0.3, 5, STEP_TIMES), expected_gain(0.3, 54, STEP_TIMES)
+    assert few > 1e-4 and many < 1e-6
+    assert expected_gain(0.05, 54, STEP_TIMES) == 0.0
+    # a margin (the controller's hysteresis) asks for more
+    assert expected_gain(0.8, 54, STEP_TIMES, 1.03) < expected_gain(0.8, 54, STEP_TIMES)
+
+
+def test_evidence_is_the_reached_estimate_and_its_outcomes_up_to_the_ema_window() -> None:
+    acc = AcceptanceModel(K, optimism=0.0)
+    assert acc.evidence(0, 1) == (pytest.approx(0.6), 0)     # nothing seen: the prior
+    for _ in range(3):
+        acc.record("r", 0, 2, 0)                       # phase 0: three rejections
+    assert acc.evidence(0, 2) == acc.evidence(0, 0) == (pytest.approx(2.4 / 7), 3)
+    for _ in range(200):
+        acc.record("r", 0, 2, 2, phase=1)
+    mean, outcomes = acc.evidence(0, 1)                # reached: its own, at most 1 / 0.02 outcomes
+    assert mean > 0.9 and outcomes == pytest.approx(50)
+
+
+def _unlucky_start(draft_share: float, probe_share_max: Optional[float]) -> KController:
+    """Four warm-up requests, each rejected at its only verification (of two drafts)."""
+    ctl = KController(K, "adaptive", CostModel(_cal(draft_share)), probe_share_max=probe_share_max)
+    for i in range(4):
+        ctl.acceptance.tick()
+        ctl.acceptance.record(f"w{i}", 0, 2, 0)
+        ctl.acceptance.forget(f"w{i}")
+    return ctl
+
+
+def test_probes_paid_by_the_evidence_get_past_an_unlucky_start() -> None:
+    """Batch 1, a draft pass of half a target step, every position accepted at 0.8, after a
+    warm-up whose four verifications were rejected. On the doubling schedule alone the
+    controller's first probes decide, one outcome each: in one of ten seeds it drafted in 2 of
+    300 steps, in another 150. With probes paid by the evidence (four outcomes are weak
+    evidence, so their share of a step is a few percent) it drafts in most steps of every seed;
+    a useless draft costs two probes more than the schedule's."""
+    schedule = [sum(k > 0 for k in _run_batch_one(_unlucky_start(0.5, 0.0), 0.8, 300, seed))
+                for seed in range(10)]
+    evidence = [sum(k > 0 for k in _run_batch_one(_unlucky_start(0.5, None), 0.8, 300, seed))
+                for seed in range(10)]
+    assert min(schedule) < 20 and min(evidence) >= 190
+    assert sum(evidence) > sum(schedule) + 300
+    useless = [sum(k > 0 for k in _run_batch_one(_unlucky_start(0.5, p), 0.0, 300)) for p in (0.0, None)]
+    assert useless[1] <= useless[0] + 2 <= 6
