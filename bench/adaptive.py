@@ -158,6 +158,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "aging": {"acceptance": {"half_life": 128.0}},
     # probes from k = 0 on the doubling schedule only, none paid by the evidence
     "schedule-probes": {"controller": {"probe_share_max": 0.0}},
+    # every step priced as if finished rows were refilled (no finish_stretch)
+    "no-tail-pricing": {"controller": {"tail_pricing": False}},
 }
 
 

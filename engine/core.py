@@ -274,7 +274,8 @@ class EngineCore:
         a host read (None: the caller executes it)."""
         so = self.scheduler.schedule()
         if self.spec_control is not None:
-            self.spec_control.plan(so.scheduled)   # each sampling request's k for this step
+            # each sampling request's k for this step
+            self.spec_control.plan(so.scheduled, waiting=len(self.scheduler.waiting))
         for s in so.scheduled:
             if s.request.times.first_scheduled is None:
                 s.request.times.first_scheduled = now

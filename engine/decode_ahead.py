@@ -148,7 +148,8 @@ class DecodeAhead:
         if not kv.fits((s.request, s.num_computed_before + room) for s in out):
             return None   # the scheduler decides who is preempted
         if spec is not None:
-            spec.plan(out, unread=1)   # as the scheduler's path would, before the token is read
+            # as the scheduler's path would, before the token is read
+            spec.plan(out, unread=1, waiting=len(sched.waiting))
         for s in out:
             kv.allocate(s.request, s.num_computed_before + 1 + s.k_next)
         return out

@@ -95,6 +95,39 @@ def expected_gain(mean: float, weight: float, seconds: list[float], margin: floa
     return total / mass if mass > 0 else gain(mean)
 
 
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals] (Blom's approximation; 0 for n <= 1)."""
+    if n <= 1:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def finish_spread(rates: list[float], k: int, remaining: list[int]) -> tuple[float, int]:
+    """How a static batch's rows finish at k drafts a step, each with ``remaining`` tokens to
+    generate: (the steps its last row takes beyond the longest row's mean, as a share of that
+    mean; the rows close enough to the longest, within two standard deviations of its tokens,
+    to finish last). The last row's steps are E[max over those rows], each row's tokens a
+    step (1 + its leading accepted drafts) i.i.d. with the mean and variance ``rates`` give.
+    (0.0, 0) at k = 0: every step commits one token and equal rows finish together."""
+    if k <= 0 or not remaining:
+        return 0.0, 0
+    e = ex2 = 0.0
+    run = 1.0
+    for i in range(k + 1):       # P(X >= i + 1) = prod_{j <= i} a_j; E[X^2] = sum (2i + 1) P(X >= i + 1)
+        if i:
+            run *= rates[i - 1]
+        e += run
+        ex2 += (2 * i + 1) * run
+    var = max(0.0, ex2 - e * e)
+    longest = max(remaining)
+    if var == 0.0 or longest <= 0:
+        return 0.0, 0
+    spread = 2.0 * math.sqrt(longest * var / e)
+    contenders = sum(1 for r in remaining if r >= longest - spread)
+    sd_steps = math.sqrt(longest * var / e ** 3)
+    return expected_max_normal(contenders) * sd_steps / (longest / e), contenders
+
+
 def expected_tokens(rates: list[float], k: int) -> float:
     """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: tokens one verification of k drafts commits."""
     e, run = 1.0, 1.0
@@ -821,12 +854,27 @@ class KController:
     PROBE_SHARE_MAX = 0.25
     PROBE_GAIN_FACTOR = 16.0
     PROBE_EVIDENCE_OUTCOMES = 16
+    # A static batch's end. Plain decoding commits one token a row a step, so rows of equal
+    # length finish together; drafting commits 1..k + 1 and they finish unevenly, so the
+    # batch's last steps run part-empty at nearly a full step's cost (a decode step reads the
+    # weights whatever the batch). With no request waiting to take a finished row's place
+    # (``waiting``, set by SpecControl), the batch's tokens per second are its tokens over its
+    # longest row's time: each k's goodput is divided by 1 + ``finish_spread`` (E[max over rows
+    # of their steps] / E[steps] - 1), the extra steps priced at a part-empty batch's step
+    # time. On the H100 (truncated draft, T = 0, batch 64, 128 tokens) a
+    # drafting step was predicted 1.03-1.08x plain and fixed k = 2 ran 0.92x: its rows needed
+    # ~56.5 steps on average and the batch ~62. The stretch is small where drafting gains a
+    # lot, at batch 1 it is 1.0, and with requests waiting it is not applied (finished rows
+    # are refilled).
+    TAIL_PRICING = True
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
                  acceptance: Optional[AcceptanceModel] = None,
-                 probe_share_max: Optional[float] = None):
+                 probe_share_max: Optional[float] = None, tail_pricing: Optional[bool] = None):
         self.k_max, self.mode, self.cost = k_max, mode, cost
         self.probe_share_max = self.PROBE_SHARE_MAX if probe_share_max is None else probe_share_max
+        self.tail_pricing = self.TAIL_PRICING if tail_pricing is None else tail_pricing
+        self.waiting = 0             # requests queued for a row (SpecControl.plan sets it)
         self.acceptance = acceptance or AcceptanceModel(k_max)
         self.force: Optional[Callable[[Row], int]] = None
         # adaptive starts from plain decoding: the first k > 0 must pay for itself, catch-up
@@ -914,6 +962,8 @@ class KController:
         tokens = self._expected_tokens_by_k(rows)
         seconds = [self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
         goodput = [t / s for t, s in zip(tokens, seconds)]
+        if self.tail_pricing and self.waiting == 0:
+            self._price_the_end(rows, goodput)
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
         if goodput[best] < goodput[self.current] * self.HYSTERESIS:
             best = self.current
@@ -1003,6 +1053,24 @@ class KController:
             horizon = min(horizon, remaining)
         saved = horizon / goodput[0] - horizon / goodput[k] if goodput[0] > 0 and goodput[k] > 0 else 0.0
         return saved > self.cost.catchup_seconds(lag)
+
+    def _price_the_end(self, rows: list[Row], goodput: list[float]) -> None:
+        """Divide each k's goodput by the batch's stretch at k: 1 + its ``finish_spread``,
+        those extra steps priced at half the contending rows' batch (they run part-empty)
+        against the full batch's step. Only when every row that would draft knows its
+        remaining tokens (read with the estimates of the one with most left)."""
+        drafting = [r for r in rows if r.pinned is None and r.budget > 0]
+        if not drafting or not all(r.remaining for r in drafting):
+            return
+        longest = max(drafting, key=lambda r: r.remaining)
+        rates = self.acceptance.rates(longest.request_id, longest.bucket, longest.phase)
+        remaining = [r.remaining for r in drafting]
+        batch = len(rows)
+        for k in range(1, self.k_max + 1):
+            spread, contenders = finish_spread(rates, k, remaining)
+            if spread > 0.0:
+                tail = self.cost.step_seconds(max(1, contenders // 2), k) / self.cost.step_seconds(batch, k)
+                goodput[k] /= 1.0 + spread * min(1.0, tail)
 
     def _probe_share_now(self, rows: list[Row], seconds: list[float]) -> float:
         """The share of a step at k = 0 set aside for probes: over the rows that would draft,
@@ -1146,14 +1214,16 @@ class SpecControl:
     def k_max(self) -> int:
         return self.controller.k_max
 
-    def plan(self, scheduled: list, unread: int = 0) -> None:
+    def plan(self, scheduled: list, unread: int = 0, waiting: int = 0) -> None:
         """Runs every step over every sampling request: the per-row work is a few integer
         operations (the fixed part is cached per request), so k = 0 costs next to nothing.
         ``unread``: tokens each request has sampled that its token list does not hold yet
         (decode-ahead plans a step before the previous one is read; its rows all sample, with
-        k_next = 0 until planned here)."""
+        k_next = 0 until planned here). ``waiting``: requests queued for a row (none: the
+        controller prices the batch's end, ``KController.TAIL_PRICING``)."""
         ctl = self.controller
         ctl.acceptance.tick()
+        ctl.waiting = waiting
         decode_only = unread > 0   # decode-ahead's continuation: every row samples, k_next = 0
         if ctl.current == 0 and ctl.hold_zero(len(scheduled) if decode_only else
                                               sum(1 for s in scheduled if s.samples)):

@@ -11,7 +11,7 @@ from specserve.engine.batch import ScheduledRequest
 from specserve.engine.request import Request
 from specserve.engine import spec_control
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
-                                           SpecControl, expected_gain, expected_tokens,
+                                           SpecControl, expected_gain, expected_tokens, finish_spread,
                                            generation_phase, temperature_bucket)
 from specserve.engine.types import SamplingParams, StepStats
 
@@ -1049,3 +1049,67 @@ def test_probes_paid_by_the_evidence_get_past_an_unlucky_start() -> None:
     assert sum(evidence) > sum(schedule) + 300
     useless = [sum(k > 0 for k in _run_batch_one(_unlucky_start(0.5, p), 0.0, 300)) for p in (0.0, None)]
     assert useless[1] <= useless[0] + 2 <= 6
+
+
+# ---- a static batch's end ----------------------------------------------------------------------
+def _simulated_spread(a: float, k: int, remaining: list[int], trials: int, seed: int) -> float:
+    """Monte Carlo of ``finish_spread``'s first value: rows of a static batch draft k a step,
+    each position accepted with probability a (until the first rejection)."""
+    rng = random.Random(seed)
+    longest_mean, last = 0.0, 0.0
+    for _ in range(trials):
+        steps = []
+        for r in remaining:
+            n = t = 0
+            while t < r:
+                t += 1 + next((j for j in range(k) if rng.random() >= a), k)
+                n += 1
+            steps.append(n)
+        last += max(steps)
+        longest_mean += steps[remaining.index(max(remaining))]
+    return last / longest_mean - 1.0
+
+
+@pytest.mark.parametrize("a,k,batch", [(0.73, 2, 64), (0.9, 4, 16), (0.5, 1, 64), (0.73, 3, 4)])
+def test_finish_spread_matches_a_simulated_static_batch(a: float, k: int, batch: int) -> None:
+    """The last row's extra steps over the longest row's mean, against 200 simulated batches of
+    rows of 127 tokens (seed 0): within 25% of the simulated value (the normal approximation
+    of a maximum, and Blom's formula for its mean); 0 at k = 0."""
+    spread, contenders = finish_spread([a] * K, k, [127] * batch)
+    assert contenders == batch
+    assert spread == pytest.approx(_simulated_spread(a, k, [127] * batch, 200, 0), rel=0.25)
+    assert finish_spread([a] * K, 0, [127] * batch) == (0.0, 0)
+    assert finish_spread([a] * K, k, [127]) == (0.0, 1)            # one row: no spread
+
+
+def test_finish_spread_counts_only_rows_that_can_finish_last() -> None:
+    spread, contenders = finish_spread([0.73] * K, 2, [127] * 8 + [40] * 56)
+    assert contenders == 8 and spread < finish_spread([0.73] * K, 2, [127] * 64)[0]
+
+
+def _near_tie(waiting: int, tail_pricing: Optional[bool] = None) -> int:
+    """Batch 64, rows of 127 tokens left, drafts accepted at 0.75 a position, a draft pass of
+    0.6 target steps: a drafting step commits ~1.07x plain's tokens per second."""
+    ctl = KController(K, "adaptive", CostModel(_cal(0.6)), tail_pricing=tail_pricing)
+    rng = random.Random(0)
+    for _ in range(400):
+        ctl.acceptance.record("x", 0, K, next((j for j in range(K) if rng.random() >= 0.75), K))
+    ctl.waiting = waiting
+    return ctl.decide([Row(f"r{i}", 0, K, remaining=127) for i in range(64)]).k
+
+
+def test_a_static_batch_prices_its_end_and_a_queue_refills_it() -> None:
+    """At a near-tie per step, drafting loses a static batch's end (its rows finish unevenly):
+    with no request waiting the controller stays plain; with requests waiting to take the
+    finished rows' places (or tail pricing off) it drafts."""
+    assert KController.TAIL_PRICING
+    assert _near_tie(waiting=0) == 0
+    assert _near_tie(waiting=3) == 1 and _near_tie(waiting=0, tail_pricing=False) == 1
+
+
+def test_plan_tells_the_controller_how_many_requests_wait() -> None:
+    sc = SpecControl(K, "adaptive", 4096, False, _cal(0.05))
+    sc.plan(_scheduled(2), waiting=5)
+    assert sc.controller.waiting == 5
+    sc.plan(_scheduled(2))
+    assert sc.controller.waiting == 0
