@@ -160,6 +160,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "schedule-probes": {"controller": {"probe_share_max": 0.0}},
     # every step priced as if finished rows were refilled (no finish_stretch)
     "no-tail-pricing": {"controller": {"tail_pricing": False}},
+    # neither: the controller as it was before both (2fbc8f6)
+    "no-evidence-no-tail": {"controller": {"probe_share_max": 0.0, "tail_pricing": False}},
 }
 
 

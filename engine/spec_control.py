@@ -39,6 +39,7 @@ and adapt freely.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -102,30 +103,31 @@ def expected_max_normal(n: int) -> float:
     return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def finish_spread(rates: list[float], k: int, remaining: list[int]) -> tuple[float, int]:
-    """How a static batch's rows finish at k drafts a step, each with ``remaining`` tokens to
-    generate: (the steps its last row takes beyond the longest row's mean, as a share of that
-    mean; the rows close enough to the longest, within two standard deviations of its tokens,
-    to finish last). The last row's steps are E[max over those rows], each row's tokens a
-    step (1 + its leading accepted drafts) i.i.d. with the mean and variance ``rates`` give.
-    (0.0, 0) at k = 0: every step commits one token and equal rows finish together."""
-    if k <= 0 or not remaining:
-        return 0.0, 0
-    e = ex2 = 0.0
-    run = 1.0
-    for i in range(k + 1):       # P(X >= i + 1) = prod_{j <= i} a_j; E[X^2] = sum (2i + 1) P(X >= i + 1)
-        if i:
-            run *= rates[i - 1]
+def finish_spreads(rates: list[float], k_max: int, remaining: list[int]) -> list[tuple[float, int]]:
+    """How a static batch's rows finish at each k = 0..k_max drafts a step, each row with
+    ``remaining`` tokens to generate: (the steps its last row takes beyond the longest row's
+    mean, as a share of that mean; the rows close enough to the longest, within two standard
+    deviations of its tokens, to finish last). The last row's steps are E[max over those
+    rows], each row's tokens a step (1 + its leading accepted drafts) i.i.d. with the mean and
+    variance ``rates`` give. (0.0, 0) at k = 0, where every step commits one token and rows of
+    equal length finish together, and wherever a step's tokens do not vary."""
+    out = [(0.0, 0)]
+    longest = max(remaining, default=0)
+    ordered = sorted(remaining)
+    e = ex2 = run = 1.0          # P(X >= i + 1) = prod_{j <= i} a_j; E[X^2] = sum (2i + 1) P(X >= i + 1)
+    for k in range(1, k_max + 1):
+        run *= rates[k - 1]
         e += run
-        ex2 += (2 * i + 1) * run
-    var = max(0.0, ex2 - e * e)
-    longest = max(remaining)
-    if var == 0.0 or longest <= 0:
-        return 0.0, 0
-    spread = 2.0 * math.sqrt(longest * var / e)
-    contenders = sum(1 for r in remaining if r >= longest - spread)
-    sd_steps = math.sqrt(longest * var / e ** 3)
-    return expected_max_normal(contenders) * sd_steps / (longest / e), contenders
+        ex2 += (2 * k + 1) * run
+        var = ex2 - e * e
+        if var <= 1e-12 or longest <= 0:
+            out.append((0.0, 0))
+            continue
+        spread = 2.0 * math.sqrt(longest * var / e)
+        contenders = len(ordered) - bisect.bisect_left(ordered, longest - spread)
+        sd_steps = math.sqrt(longest * var / e ** 3)
+        out.append((expected_max_normal(contenders) * sd_steps / (longest / e), contenders))
+    return out
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -859,7 +861,7 @@ class KController:
     # batch's last steps run part-empty at nearly a full step's cost (a decode step reads the
     # weights whatever the batch). With no request waiting to take a finished row's place
     # (``waiting``, set by SpecControl), the batch's tokens per second are its tokens over its
-    # longest row's time: each k's goodput is divided by 1 + ``finish_spread`` (E[max over rows
+    # longest row's time: each k's goodput is divided by 1 + its ``finish_spreads`` (E[max over rows
     # of their steps] / E[steps] - 1), the extra steps priced at a part-empty batch's step
     # time. On the H100 (truncated draft, T = 0, batch 64, 128 tokens) a
     # drafting step was predicted 1.03-1.08x plain and fixed k = 2 ran 0.92x: its rows needed
@@ -962,8 +964,8 @@ class KController:
         tokens = self._expected_tokens_by_k(rows)
         seconds = [self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
         goodput = [t / s for t, s in zip(tokens, seconds)]
-        if self.tail_pricing and self.waiting == 0:
-            self._price_the_end(rows, goodput)
+        if self.tail_pricing and self.waiting == 0 and max(goodput[1:], default=0.0) > goodput[0]:
+            self._price_the_end(rows, goodput)   # (it only lowers k > 0: needless when 0 wins)
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
         if goodput[best] < goodput[self.current] * self.HYSTERESIS:
             best = self.current
@@ -1055,7 +1057,7 @@ class KController:
         return saved > self.cost.catchup_seconds(lag)
 
     def _price_the_end(self, rows: list[Row], goodput: list[float]) -> None:
-        """Divide each k's goodput by the batch's stretch at k: 1 + its ``finish_spread``,
+        """Divide each k's goodput by the batch's stretch at k: 1 + its ``finish_spreads``,
         those extra steps priced at half the contending rows' batch (they run part-empty)
         against the full batch's step. Only when every row that would draft knows its
         remaining tokens (read with the estimates of the one with most left)."""
@@ -1064,10 +1066,10 @@ class KController:
             return
         longest = max(drafting, key=lambda r: r.remaining)
         rates = self.acceptance.rates(longest.request_id, longest.bucket, longest.phase)
-        remaining = [r.remaining for r in drafting]
         batch = len(rows)
+        spreads = finish_spreads(rates, self.k_max, [r.remaining for r in drafting])
         for k in range(1, self.k_max + 1):
-            spread, contenders = finish_spread(rates, k, remaining)
+            spread, contenders = spreads[k]
             if spread > 0.0:
                 tail = self.cost.step_seconds(max(1, contenders // 2), k) / self.cost.step_seconds(batch, k)
                 goodput[k] /= 1.0 + spread * min(1.0, tail)

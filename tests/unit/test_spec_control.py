@@ -11,7 +11,7 @@ from specserve.engine.batch import ScheduledRequest
 from specserve.engine.request import Request
 from specserve.engine import spec_control
 from specserve.engine.spec_control import (AcceptanceModel, Calibration, CostModel, KController, Row,
-                                           SpecControl, expected_gain, expected_tokens, finish_spread,
+                                           SpecControl, expected_gain, expected_tokens, finish_spreads,
                                            generation_phase, temperature_bucket)
 from specserve.engine.types import SamplingParams, StepStats
 
@@ -1053,7 +1053,7 @@ def test_probes_paid_by_the_evidence_get_past_an_unlucky_start() -> None:
 
 # ---- a static batch's end ----------------------------------------------------------------------
 def _simulated_spread(a: float, k: int, remaining: list[int], trials: int, seed: int) -> float:
-    """Monte Carlo of ``finish_spread``'s first value: rows of a static batch draft k a step,
+    """Monte Carlo of ``finish_spreads``' first value: rows of a static batch draft k a step,
     each position accepted with probability a (until the first rejection)."""
     rng = random.Random(seed)
     longest_mean, last = 0.0, 0.0
@@ -1075,16 +1075,16 @@ def test_finish_spread_matches_a_simulated_static_batch(a: float, k: int, batch:
     """The last row's extra steps over the longest row's mean, against 200 simulated batches of
     rows of 127 tokens (seed 0): within 25% of the simulated value (the normal approximation
     of a maximum, and Blom's formula for its mean); 0 at k = 0."""
-    spread, contenders = finish_spread([a] * K, k, [127] * batch)
+    spread, contenders = finish_spreads([a] * K, K, [127] * batch)[k]
     assert contenders == batch
     assert spread == pytest.approx(_simulated_spread(a, k, [127] * batch, 200, 0), rel=0.25)
-    assert finish_spread([a] * K, 0, [127] * batch) == (0.0, 0)
-    assert finish_spread([a] * K, k, [127]) == (0.0, 1)            # one row: no spread
+    assert finish_spreads([a] * K, K, [127] * batch)[0] == (0.0, 0)
+    assert finish_spreads([a] * K, K, [127])[k] == (0.0, 1)        # one row: no spread
 
 
 def test_finish_spread_counts_only_rows_that_can_finish_last() -> None:
-    spread, contenders = finish_spread([0.73] * K, 2, [127] * 8 + [40] * 56)
-    assert contenders == 8 and spread < finish_spread([0.73] * K, 2, [127] * 64)[0]
+    spread, contenders = finish_spreads([0.73] * K, K, [127] * 8 + [40] * 56)[2]
+    assert contenders == 8 and spread < finish_spreads([0.73] * K, K, [127] * 64)[2][0]
 
 
 def _near_tie(waiting: int, tail_pricing: Optional[bool] = None) -> int:
