@@ -1113,3 +1113,21 @@ def test_plan_tells_the_controller_how_many_requests_wait() -> None:
     assert sc.controller.waiting == 5
     sc.plan(_scheduled(2))
     assert sc.controller.waiting == 0
+
+
+def test_the_end_costs_less_where_a_step_costs_less_with_fewer_rows() -> None:
+    """The extra steps of a static batch's end run with a sixth of its 64 rows: priced at
+    that batch's step, they cost next to nothing where a step's cost grows with its rows (the
+    CPU machine) and nearly a full step where it does not (a memory-bound GPU step)."""
+    def penalty(per_row: bool) -> float:
+        batches, widths = [1, 16, 64], [1, 2, 3, 5]
+        target = [[0.010 * (b if per_row else 1)] * len(widths) for b in batches]
+        ctl = KController(K, "adaptive", CostModel(Calibration(batches, widths, target, [0.0] * 3, padded=True)))
+        rng = random.Random(0)
+        for _ in range(400):      # drafts accepted at 0.75 a position
+            ctl.acceptance.record("x", 0, K, next((j for j in range(K) if rng.random() >= 0.75), K))
+        goodput = [1.0] * (K + 1)
+        ctl._price_the_end([Row(f"r{i}", 0, K, remaining=127) for i in range(64)], goodput)
+        return 1.0 - goodput[2]
+    flat, proportional = penalty(False), penalty(True)
+    assert 0.05 < flat < 0.2 and proportional < flat / 3
