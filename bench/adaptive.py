@@ -158,7 +158,7 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "aging": {"acceptance": {"half_life": 128.0}},
     # probes from k = 0 on the doubling schedule only, none paid by the evidence
     "schedule-probes": {"controller": {"probe_share_max": 0.0}},
-    # every step priced as if finished rows were refilled (no finish_stretch)
+    # every step priced as if finished rows were refilled (no finish_spreads)
     "no-tail-pricing": {"controller": {"tail_pricing": False}},
     # neither: the controller as it was before both (2fbc8f6)
     "no-evidence-no-tail": {"controller": {"probe_share_max": 0.0, "tail_pricing": False}},

@@ -96,11 +96,26 @@ def expected_gain(mean: float, weight: float, seconds: list[float], margin: floa
     return total / mass if mass > 0 else gain(mean)
 
 
+_NORMAL = statistics.NormalDist()
+
+
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normals] (Blom's approximation; 0 for n <= 1)."""
     if n <= 1:
         return 0.0
-    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+    return _NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def rows_alive_past_the_mean(n: int) -> float:
+    """Of n rows with normal finishing steps, the mean number still running over the steps
+    from their mean to the expected maximum (z = ``expected_max_normal(n)`` deviations past it):
+    n * integral_0^z Q(x) dx / z, and integral_0^z Q = z Q(z) + phi(0) - phi(z). For n = 2 / 16 /
+    64: 0.77 / 3.6 / 11.0 rows."""
+    z = expected_max_normal(n)
+    if z <= 0.0:
+        return float(n)
+    q = 1.0 - _NORMAL.cdf(z)
+    return n * (z * q + _NORMAL.pdf(0.0) - _NORMAL.pdf(z)) / z
 
 
 def finish_spreads(rates: list[float], k_max: int, remaining: list[int]) -> list[tuple[float, int]]:
@@ -876,7 +891,10 @@ class KController:
     # drafting step was predicted 1.03-1.08x plain and fixed k = 2 ran 0.92x: its rows needed
     # ~56.5 steps on average and the batch ~62. The stretch is small where drafting gains a
     # lot, at batch 1 it is 1.0, and with requests waiting it is not applied (finished rows
-    # are refilled).
+    # are refilled). Its price elsewhere: a server with free rows and an empty queue is priced
+    # as a static batch too, and ``remaining`` runs to max_tokens, so rows that will end on EOS
+    # are priced as if they ran to it; at 64 equal rows a near-tie is tipped toward k = 0 by
+    # ~11% of goodput at 127 tokens left and ~2% at 4,096 (a near-tie costs little either way).
     TAIL_PRICING = True
 
     def __init__(self, k_max: int, mode: str, cost: Optional[CostModel],
@@ -943,7 +961,7 @@ class KController:
                 or (probing and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
                     and not self._probe_waiting)
-                or (not probing and self._probe_share
+                or (not probing and self._probe_share and self._probe_cost > 0
                     and self.probe_credit + self._probe_share * self._held_seconds >= self._probe_cost)):
             self._probing_zero = False
             return False
@@ -974,7 +992,7 @@ class KController:
         seconds = [self.cost.step_seconds(batch, max(k, pin)) for k in range(self.k_max + 1)]
         goodput = [t / s for t, s in zip(tokens, seconds)]
         if self.tail_pricing and self.waiting == 0 and max(goodput[1:], default=0.0) > goodput[0]:
-            self._price_the_end(rows, goodput)   # (it only lowers k > 0: needless when 0 wins)
+            self._price_the_end(rows, goodput, pin)   # (it only lowers k > 0: needless when 0 wins)
         best = max(range(self.k_max + 1), key=lambda k: goodput[k])
         if goodput[best] < goodput[self.current] * self.HYSTERESIS:
             best = self.current
@@ -1011,7 +1029,10 @@ class KController:
                 if not self._probe_waiting:
                     self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                     self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
-            if best == 0 and self._probe_share and self.probe_credit >= self._probe_cost:
+            if not self._probe_share:
+                self.probe_credit = 0.0            # (no credit saved up for a later share)
+            if (best == 0 and not self._probing_zero and self._probe_share and self._probe_cost > 0
+                    and self.probe_credit >= self._probe_cost):
                 self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                 self.evidence_probes += 1
             if best:
@@ -1065,16 +1086,14 @@ class KController:
         saved = horizon / goodput[0] - horizon / goodput[k] if goodput[0] > 0 and goodput[k] > 0 else 0.0
         return saved > self.cost.catchup_seconds(lag)
 
-    def _price_the_end(self, rows: list[Row], goodput: list[float]) -> None:
+    def _price_the_end(self, rows: list[Row], goodput: list[float], pin: int = 0) -> None:
         """Divide each k's goodput by the batch's stretch at k: 1 + its ``finish_spreads``,
-        those extra steps priced at the batch they run with against the full batch's step.
-        Past the longest row's mean, n contending rows with normal finishing steps leave
-        n Q(x) alive at x standard deviations, so over the extra steps (to E[max], z_n
-        deviations) n * integral_0^z_n Q / z_n ~ 0.4 n / z_n rows on average: a sixth of 64, a
-        fifth of 16. (It matters where a step's cost grows with its rows, as on the CPU; a
-        memory-bound GPU step costs nearly the same at any batch.) Only when every row that
-        would draft knows its remaining tokens (read with the estimates of the one with most
-        left)."""
+        those extra steps priced at the batch they run with (``rows_alive_past_the_mean``: a
+        sixth of 64 contending rows, a quarter of 16) against the full batch's step, both at
+        ``max(k, pin)`` like the step times. (The batch matters where a step's cost grows with
+        its rows, as on the CPU; a memory-bound GPU step costs nearly the same at any batch.)
+        Only when every row that would draft knows its remaining tokens (read with the
+        estimates of the one with most left)."""
         drafting = [r for r in rows if r.pinned is None and r.budget > 0]
         if not drafting or not all(r.remaining for r in drafting):
             return
@@ -1085,14 +1104,16 @@ class KController:
         for k in range(1, self.k_max + 1):
             spread, contenders = spreads[k]
             if spread > 0.0:
-                alive = max(1, round(0.4 * contenders / expected_max_normal(contenders)))
-                tail = self.cost.step_seconds(alive, k) / self.cost.step_seconds(batch, k)
+                kk = max(k, pin)
+                alive = max(1, round(rows_alive_past_the_mean(contenders)))
+                tail = self.cost.step_seconds(alive, kk) / self.cost.step_seconds(batch, kk)
                 goodput[k] /= 1.0 + spread * min(1.0, tail)
 
     def _probe_share_now(self, rows: list[Row], seconds: list[float]) -> float:
-        """The share of a step at k = 0 set aside for probes: over the rows that would draft,
-        the mean chance that their bucket and phase's position 1 beats the batch's break-even
-        rate (``breakeven_rate`` at HYSTERESIS), at most ``probe_share_max``."""
+        """The share of a step at k = 0 set aside for probes: PROBE_GAIN_FACTOR times the
+        mean, over the rows that would draft, of ``expected_gain`` for their bucket and phase
+        (at HYSTERESIS), counting only estimates with fewer than PROBE_EVIDENCE_OUTCOMES
+        outcomes (the others add 0); at most ``probe_share_max``."""
         if self.probe_share_max <= 0 or len(seconds) < 2:
             return 0.0
         groups: dict[tuple[int, int], int] = {}

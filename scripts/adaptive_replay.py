@@ -21,7 +21,8 @@ verifies the drafts the step before proposed, so a change of k costs a mixed ste
 that arrives while the controller is at k = 0 leaves the draft behind by its length (as the
 engine does), and no prefill step is modelled; a step's time is the cell's measured time at k,
 scaled to a smaller batch by the calibration's device times, with log-normal noise and no host
-effects; the cost model runs ahead at k = 0 as on the GPU but is never told hidden host time.
+effects; the cost model runs ahead at k = 0 as on the GPU but is never told hidden host time;
+no request ever waits for a row, so the controller always prices a static batch's end.
 
     python scripts/adaptive_replay.py --trace docs/bench-h100/draft-profile/call9_h100_decisions_b1_t0.log
 

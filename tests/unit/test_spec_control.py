@@ -368,11 +368,10 @@ def _engine_step(ctl: KController, batch: int) -> int:
     return 0 if ctl.hold_zero(batch) else _decide(ctl, batch)
 
 
-def _trained(draft_per_target: float, accepted: int, outcomes: int,
-             probe_share_max: Optional[float] = None) -> KController:
+def _trained(draft_per_target: float, accepted: int, outcomes: int) -> KController:
     """A controller over ``_cal(draft_per_target)`` whose bucket 0 has seen ``outcomes``
     verifications of K drafts, each accepting ``accepted``."""
-    ctl = KController(K, "adaptive", CostModel(_cal(draft_per_target)), probe_share_max=probe_share_max)
+    ctl = KController(K, "adaptive", CostModel(_cal(draft_per_target)))
     for _ in range(outcomes):
         ctl.acceptance.record("x", 0, K, accepted)
     return ctl
@@ -384,10 +383,8 @@ def _bad_draft_controller() -> KController:
 
 def _steps_after_the_draft_turns_good(batch: int) -> list[int]:
     """A cheap draft that rejected everything holds ``batch`` at 0; then it accepts everything
-    while the batch sits at 0: the steps of the next recheck period. (Without probes paid by
-    the evidence: at 0.05 of a target step, a draft read at 0.04 from 50 outcomes is near
-    enough its break-even that they would end the hold early.)"""
-    ctl = _trained(0.05, 0, 200, probe_share_max=0.0)
+    while the batch sits at 0: the steps of the next recheck period."""
+    ctl = _trained(0.05, 0, 200)
     assert _engine_step(ctl, batch) == 0
     for _ in range(400):
         ctl.acceptance.record("x", 0, K, K)
@@ -750,7 +747,9 @@ def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_ei
     assert good[0] > 0 and sum(k > 0 for k in good) >= 180
     useless = _run_batch_one(KController(K, "adaptive", CostModel(cal)), 0.0, 200)
     assert useless[0] > 0 and sum(k > 0 for k in useless) <= 8
-    assert sum(k > 0 for k in useless[20:]) <= 3     # probes, further and further apart
+    # then probes only, further and further apart (the schedule's first after 50 steps; the
+    # evidence's after a few rejections come sooner, then fade)
+    assert useless[20:30] == [0] * 10 and sum(k > 0 for k in useless[20:]) <= 3
 
 
 def _poisoned(half_life: float, draft_share: float) -> KController:
@@ -1074,11 +1073,9 @@ def _simulated_spread(a: float, k: int, remaining: list[int], trials: int, seed:
 def test_finish_spread_matches_a_simulated_static_batch(a: float, k: int, batch: int) -> None:
     """The last row's extra steps over the longest row's mean, against 200 simulated batches of
     rows of 127 tokens (seed 0): within 25% of the simulated value (the normal approximation
-    of a maximum, and Blom's formula for its mean); 0 at k = 0."""
-    spread, contenders = finish_spreads([a] * K, K, [127] * batch)[k]
-    assert contenders == batch
+    of a maximum, and Blom's formula for its mean)."""
+    spread, _ = finish_spreads([a] * K, K, [127] * batch)[k]
     assert spread == pytest.approx(_simulated_spread(a, k, [127] * batch, 200, 0), rel=0.25)
-    assert finish_spreads([a] * K, K, [127] * batch)[0] == (0.0, 0)
     assert finish_spreads([a] * K, K, [127])[k] == (0.0, 1)        # one row: no spread
 
 
@@ -1131,3 +1128,37 @@ def test_the_end_costs_less_where_a_step_costs_less_with_fewer_rows() -> None:
         return 1.0 - goodput[2]
     flat, proportional = penalty(False), penalty(True)
     assert 0.05 < flat < 0.2 and proportional < flat / 3
+
+
+def test_rows_alive_past_the_mean_is_the_integral_of_the_normal_tail() -> None:
+    for n in (2, 16, 64):
+        z = spec_control.expected_max_normal(n)
+        steps = 20000
+        numeric = n * sum(1.0 - spec_control._NORMAL.cdf((i + 0.5) * z / steps) for i in range(steps)) / steps
+        assert spec_control.rows_alive_past_the_mean(n) == pytest.approx(numeric, rel=1e-3)
+    assert spec_control.rows_alive_past_the_mean(1) == 1.0
+
+
+def test_held_steps_save_credit_and_end_the_hold_for_an_evidence_probe() -> None:
+    """Through the engine's path (``hold_zero``, then ``decide``): after the unlucky start a
+    batch of 16 held at 0 saves its share of each held step, the hold ends when that covers a
+    probe, and the probe is counted."""
+    ctl = _unlucky_start(0.5, None)
+    assert _engine_step(ctl, 16) == 0 and 0 < ctl._probe_share <= ctl.PROBE_SHARE_MAX
+    before = ctl.probe_credit
+    assert ctl.hold_zero(16)                                  # a held step saves its share too
+    assert ctl.probe_credit == pytest.approx(before + ctl._probe_share * ctl._held_seconds)
+    ctl.probe_credit = ctl._probe_cost                        # enough for a probe: no more holding
+    assert not ctl.hold_zero(16) and _decide(ctl, 16) == 1 and ctl.evidence_probes == 1
+    ks = [_engine_step(ctl, 16) for _ in range(40)]
+    assert ctl.evidence_probes >= 2 and ks.count(1) >= 1
+
+
+def test_no_evidence_probe_while_plain_steps_are_measured() -> None:
+    """A k = 0 probe (measuring plain steps) is not cut short by an evidence probe, even with a
+    probe that costs nothing (no lag, a k = 1 step no slower than plain)."""
+    ctl = _unlucky_start(0.5, None)
+    assert _decide(ctl, 16) == 0
+    ctl._probe_zero(ctl._zero_probe_counts, ctl.cost.bucket(16), 10**6)
+    ctl.current, ctl.probe_credit, ctl._probe_share, ctl._probe_cost = 0, 1.0, 0.25, 0.0
+    assert _decide(ctl, 16) == 0 and ctl.evidence_probes == 0

@@ -1,0 +1,60 @@
+"""The adaptive controller's own host work per step, on the CPU machine: a tiny adaptive engine
+(section adaptive's truncated-draft pair at tiny shapes) held at k = 0, its SpecControl calls
+timed one by one over 200 decode steps at the given batch. Microseconds per step.
+
+    python scripts/spec_host_time.py [--batch 64]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from pathlib import Path
+
+from specserve.bench import adaptive as ad
+from specserve.bench.engines import random_prompts
+from specserve.engine import SamplingParams
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=64, help="requests decoding together")
+    p.add_argument("--steps", type=int, default=200, help="timed decode steps")
+    a = p.parse_args()
+    s = ad.script_settings((a.batch,), (0.0,))
+    dirs, cache = ad.script_models(Path("/tmp/decisions"), s, True)
+    core = ad.build_core(cache, dirs["target"], dirs["mid"], s)
+    sc, ctl = core.spec_control, core.spec_control.controller
+    ctl.current, ctl.explore_every, ctl.HYSTERESIS, ctl.probe_share_max = 0, 10**9, 1e9, 0.0   # held at 0
+    spent: collections.Counter = collections.Counter()
+
+    def timed(obj, name: str) -> None:
+        f = getattr(obj, name)
+
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+        setattr(obj, name, run)
+
+    for name in ("plan", "record", "after_step"):
+        timed(sc, name)
+    for name in ("decide", "observe_step"):
+        timed(ctl, name)
+    for rid, prompt in zip(range(a.batch), random_prompts(a.batch, 32, core.info.vocab_size, 7)):
+        core.add_request(f"r{rid}", prompt, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+    for _ in range(12):
+        core.step()
+    spent.clear()
+    for _ in range(a.steps):
+        core.step()
+    total = sum(spent[n] for n in ("plan", "record", "after_step"))
+    print(f"batch {a.batch}: " + ", ".join(f"{n} {v / a.steps * 1e6:.1f}" for n, v in spent.items())
+          + f" us a step; plan + record + after_step {total / a.steps * 1e6:.1f} us "
+          "(decide inside plan, observe_step inside after_step)")
+
+
+if __name__ == "__main__":
+    main()
