@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import statistics
+import tempfile
 from pathlib import Path
 from typing import ContextManager
 
@@ -107,7 +108,9 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     ks = [int(k) for k in a.ks.split(",")]
     s = ad.script_settings(batches, [0.0], ks=tuple(range(1, 9)))
-    dirs, cache = ad.script_models(Path("/tmp/greedy_bits"), s, a.tiny)
+    # checkpoints (configs and tokenizer, no weights) in a directory of this run's own: two runs
+    # at once (a test beside a CI run on one machine) must not write each other's files
+    dirs, cache = ad.script_models(Path(tempfile.mkdtemp(prefix="greedy_bits-")), s, a.tiny)
     core = ad.build_core(cache, dirs["target"], dirs[a.draft], s)
     vocab = core.info.vocab_size
     lengths = {b: s.output_len_for(b) for b in batches}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="timed decode steps")
     a = p.parse_args()
     s = ad.script_settings((a.batch,), (0.0,))
-    dirs, cache = ad.script_models(Path("/tmp/decisions"), s, True)
+    dirs, cache = ad.script_models(Path(tempfile.mkdtemp(prefix="spec-host-time-")), s, True)
     core = ad.build_core(cache, dirs["target"], dirs["mid"], s)
     sc, ctl = core.spec_control, core.spec_control.controller
     ctl.current, ctl.explore_every, ctl.HYSTERESIS, ctl.probe_share_max = 0, 10**9, 1e9, 0.0   # held at 0
