@@ -752,17 +752,23 @@ def test_a_cold_controller_tries_a_draft_the_prior_alone_would_not_and_learns_ei
     assert useless[20:30] == [0] * 10 and sum(k > 0 for k in useless[20:]) <= 3
 
 
-def _poisoned(half_life: float, draft_share: float) -> KController:
+def _rejected_start(draft_share: float, verifications: int, half_life: float = 0.0,
+                    probe_share_max: Optional[float] = None) -> KController:
     """A controller whose greedy bucket first heard from four other requests, every draft of
-    their first three verifications rejected (the start of a generation is its least
-    predictable part)."""
-    ctl = KController(K, "adaptive", CostModel(_cal(draft_share)), AcceptanceModel(K, half_life=half_life))
+    their first ``verifications`` verifications (of two drafts) rejected (the start of a
+    generation is its least predictable part)."""
+    ctl = KController(K, "adaptive", CostModel(_cal(draft_share)), AcceptanceModel(K, half_life=half_life),
+                      probe_share_max=probe_share_max)
     for i in range(4):
-        for _ in range(3):
+        for _ in range(verifications):
             ctl.acceptance.tick()
             ctl.acceptance.record(f"w{i}", 0, 2, 0)
         ctl.acceptance.forget(f"w{i}")
     return ctl
+
+
+def _poisoned(half_life: float, draft_share: float) -> KController:
+    return _rejected_start(draft_share, 3, half_life=half_life)
 
 
 def test_aged_outcomes_let_an_unlucky_start_go() -> None:
@@ -1024,13 +1030,8 @@ def test_evidence_is_the_reached_estimate_and_its_outcomes_up_to_the_ema_window(
 
 
 def _unlucky_start(draft_share: float, probe_share_max: Optional[float]) -> KController:
-    """Four warm-up requests, each rejected at its only verification (of two drafts)."""
-    ctl = KController(K, "adaptive", CostModel(_cal(draft_share)), probe_share_max=probe_share_max)
-    for i in range(4):
-        ctl.acceptance.tick()
-        ctl.acceptance.record(f"w{i}", 0, 2, 0)
-        ctl.acceptance.forget(f"w{i}")
-    return ctl
+    """Four warm-up requests, each rejected at its only verification."""
+    return _rejected_start(draft_share, 1, probe_share_max=probe_share_max)
 
 
 def test_probes_paid_by_the_evidence_get_past_an_unlucky_start() -> None:
