@@ -244,3 +244,18 @@ def test_prompts_arriving_at_k_zero_skip_the_draft_and_are_caught_up_exactly(pai
     # draft forward is the catch-up over every prompt at once (less the 2 tokens a row the
     # draft program itself feeds)
     assert fed and fed[0] >= sum(len(p) for p in prompts) - 2 * len(prompts)
+
+
+def test_the_controller_sees_the_queue_that_waits_for_a_row(pair, make_llm):
+    """The engine (scheduler path and decode-ahead alike) tells the controller how many requests
+    wait for a row before it decides: a static batch's end is priced only when none does. Eight
+    requests on four rows: the first steps see four waiting, the last none."""
+    llm = _spec(make_llm, pair, max_num_seqs=4)
+    ctl = llm.core.spec_control.controller
+    seen = []
+    hold, decide = ctl.hold_zero, ctl.decide
+    ctl.hold_zero = lambda batch: seen.append(ctl.waiting) or hold(batch)
+    ctl.decide = lambda rows: seen.append(ctl.waiting) or decide(rows)
+    llm.generate(_prompts(8, seed=4), GREEDY)
+    # the first four decode together for 24 tokens (decode-ahead continues them) while four wait
+    assert seen[:16] == [4] * 16 and seen[-1] == 0 and set(seen) <= {0, 1, 2, 3, 4}
