@@ -179,6 +179,13 @@ def variant_controllers(core: EngineCore, names: tuple[str, ...]) -> dict[str, K
     return out
 
 
+def hold_at_zero(ctl: KController) -> None:
+    """Hold an adaptive controller at k = 0 through its real path (scripts that time the
+    adaptive engine's k = 0 steps): nothing looks worth leaving 0 for, and no probe falls due,
+    on the schedule or paid by the evidence."""
+    ctl.current, ctl.explore_every, ctl.HYSTERESIS, ctl.probe_share_max = 0, 10**9, 1e9, 0.0
+
+
 @contextlib.contextmanager
 def swapped_controller(core: EngineCore, ctl: KController) -> Iterator[KController]:
     sc = core.spec_control

@@ -77,12 +77,9 @@ def expected_gain(mean: float, weight: float, seconds: list[float], margin: floa
     margin) - 1)] for A ~ N(mean, mean (1 - mean) / (weight + 1)) (a Beta's mean and variance)
     cut to [0, 1] and to four standard deviations, by the midpoint rule over ``points`` rates."""
     def gain(a: float) -> float:
-        best, e, run = 0.0, 1.0, 1.0
-        for k in range(1, len(seconds)):
-            run *= a
-            e += run
-            best = max(best, e * seconds[0] / (seconds[k] * margin) - 1.0)
-        return best
+        table = expected_tokens_table([a] * (len(seconds) - 1))
+        return max([table[k] * seconds[0] / (seconds[k] * margin) - 1.0
+                    for k in range(1, len(seconds))] + [0.0])
     sd = math.sqrt(max(mean * (1.0 - mean), 0.0) / (weight + 1.0)) if weight > 0 else 0.5
     if sd == 0.0:
         return gain(mean)
@@ -578,9 +575,7 @@ class _RecentMedian:
     def add(self, x: float) -> None:
         self.count += 1
         self.recent.append(x)
-        s = sorted(self.recent)        # statistics.median's value, at a third of its cost
-        n = len(s)
-        self.value = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        self.value = statistics.median(self.recent)
 
 
 class CostModel:
@@ -961,8 +956,7 @@ class KController:
                 or (probing and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
                     and not self._probe_waiting)
-                or (not probing and self._probe_share and self._probe_cost > 0
-                    and self.probe_credit + self._probe_share * self._held_seconds >= self._probe_cost)):
+                or (not probing and self._evidence_probe_due(self._probe_share * self._held_seconds))):
             self._probing_zero = False
             return False
         self._held += 1
@@ -1029,13 +1023,10 @@ class KController:
                 if not self._probe_waiting:
                     self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                     self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
-            if not self._probe_share:
-                self.probe_credit = 0.0            # (no credit saved up for a later share)
-            if (best == 0 and not self._probing_zero and self._probe_share and self._probe_cost > 0
-                    and self.probe_credit >= self._probe_cost):
+            if best == 0 and not self._probing_zero and self._evidence_probe_due():
                 self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                 self.evidence_probes += 1
-            if best:
+            if best or not self._probe_share:   # (no credit saved up for a later share)
                 self.probe_credit = 0.0
         else:
             self.probe_credit = 0.0
@@ -1108,6 +1099,11 @@ class KController:
                 alive = max(1, round(rows_alive_past_the_mean(contenders)))
                 tail = self.cost.step_seconds(alive, kk) / self.cost.step_seconds(batch, kk)
                 goodput[k] /= 1.0 + spread * min(1.0, tail)
+
+    def _evidence_probe_due(self, more: float = 0.0) -> bool:
+        """Whether the credit saved for probes, with ``more`` seconds of it, covers a probe's
+        cost (a probe that costs nothing is no measurement of the draft: never due)."""
+        return bool(self._probe_share) and self._probe_cost > 0 and self.probe_credit + more >= self._probe_cost
 
     def _probe_share_now(self, rows: list[Row], seconds: list[float]) -> float:
         """The share of a step at k = 0 set aside for probes: PROBE_GAIN_FACTOR times the

@@ -34,9 +34,8 @@ def main() -> None:
              "self": ad.build_core(cache, dirs["target"], dirs["target"], s),
              "mid": ad.build_core(cache, dirs["target"], dirs["mid"], s)}
     for core in cores.values():
-        if core.spec_control is not None:   # held at 0 by the real path: nothing looks worth leaving it
-            ctl = core.spec_control.controller
-            ctl.current, ctl.explore_every, ctl.HYSTERESIS = 0, 10**9, 1e9
+        if core.spec_control is not None:
+            ad.hold_at_zero(core.spec_control.controller)
     for rnd in range(a.rounds + (1 if a.profile else 0)):
         for name, core in cores.items():
             ids = [f"{name}{rnd}-{i}" for i in range(a.batch)]

@@ -26,7 +26,7 @@ def main() -> None:
     dirs, cache = ad.script_models(Path(tempfile.mkdtemp(prefix="spec-host-time-")), s, True)
     core = ad.build_core(cache, dirs["target"], dirs["mid"], s)
     sc, ctl = core.spec_control, core.spec_control.controller
-    ctl.current, ctl.explore_every, ctl.HYSTERESIS, ctl.probe_share_max = 0, 10**9, 1e9, 0.0   # held at 0
+    ad.hold_at_zero(ctl)
     spent: collections.Counter = collections.Counter()
 
     def timed(obj, name: str) -> None:
