@@ -25,12 +25,13 @@ bandwidth. Writes ``<out>.json`` and ``<out>.md``.
 
 Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   every target row read once ............................. B (k + 1) V e
-  probabilistic: the one raced row per request read again (the rejected row, or the bonus
-  row unless the row pass raced it, Tuning.last_row_race; usually an L2 hit, counted
-  anyway) ................................................ B V e (or n_rej V e)
+  probabilistic: the one deciding row per request read again (the rejected or the bonus
+  row; usually an L2 hit, counted anyway) ................ B V e (none for plain sampling
+  raced in the row pass, Tuning.plain_row_race)
   and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
-  a rejection's recovery: the per-tile sums (2 per tile of the plan's block, written and read)
-  and one tile of the rejected row's logits and draft probs read again (small)
+  the inverse-CDF search of a rejection or bonus row: the per-tile sums (2 per tile of the
+  plan's block, written and read) and one tile of the row's logits (and a rejected draft's
+  probs) read again (small, counted for rejections only)
   accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
   params: counted exactly below, they are small.
 ``first_read_bytes`` leaves out the re-read rows: the HBM traffic if they hit in L2.
@@ -74,7 +75,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--sweep", action="store_true", help="time candidate launch plans per (B, k)")
     ap.add_argument("--only", default=None,
                     help="--sweep: comma list of candidate labels to time (default: all, legacy "
-                         "and default first), e.g. default,last_row_race=8")
+                         "and default first), e.g. default,race_waves=16")
     ap.add_argument("--budget-s", type=float, default=45.0,
                     help="--sweep: stop starting variations after this many seconds")
     args = ap.parse_args()
@@ -144,23 +145,21 @@ def make_inputs(b: int, k: int, args: argparse.Namespace) -> dict:
 
 def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
                 method: str, has_q: bool, block: int = 1024,
-                bonus_in_row_pass: bool = False) -> tuple[int, int]:
+                plain_in_row_pass: bool = False) -> tuple[int, int]:
     """(bytes our kernels read and write for one call, of which logits and draft-prob rows read
     for the first time): see the module docstring. ``c``/``cr``: chunks per row in the row pass
-    and in the final race. ``bonus_in_row_pass``: the row pass raced the bonus rows
-    (``Tuning.last_row_race``), so only rejected rows are read again, and with no drafts
-    at all there is no final race."""
+    and in the final race. ``plain_in_row_pass``: with no drafts at all, the row pass raced
+    every row (``Tuning.plain_row_race``) and there is no final race."""
     rows = b * (k + 1)
     first = rows * v * elt                                   # every logits row once
     small = rows * c * 6 * 4 + rows * 4                      # partials + row thresholds written
     small += rows * (4 * 4 + 2 * 8)                          # per-row params loaded
     small += rows * 8 + b * k * 8                            # output + draft tokens
     again = 0
-    if method == "probabilistic" and bonus_in_row_pass and k == 0:
-        small += b * c * 2 * 4                               # the bonus race's partials, read
+    if method == "probabilistic" and plain_in_row_pass and k == 0:
+        small += b * c * 2 * 4                               # the row pass's race partials, read
     elif method == "probabilistic":
-        # the raced row (rejected or bonus; only the rejected when the row pass raced the bonus)
-        again = (n_rej if bonus_in_row_pass else b) * v * elt
+        again = b * v * elt                                  # the deciding row (rejected or bonus)
         first += n_rej * v * 4 if has_q else 0               # fp32 q row of the rejected draft
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
@@ -206,7 +205,7 @@ def run(args: argparse.Namespace) -> dict:
             t_ms = dev_ms if dev_ms is not None else ms
             nbytes, first = count_bytes(b, k, args.vocab, elt, n_rej, pl.num_chunks,
                                         pr.num_chunks, args.method, x["q"] is not None, pr.block,
-                                        bonus_in_row_pass=tuning.races_bonus_in_row_pass(k))
+                                        plain_in_row_pass=tuning.races_in_row_pass(k))
             vb = vllm_mrv2_bytes(b, k, args.vocab)
             d_ms = None                  # no drafts (k = 0): no draft rows to sample
             if k:
@@ -267,8 +266,7 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
 
     d = TS.DEFAULT
     out = [("legacy", TS.LEGACY, 0), ("default", d, 0), ("narrow", TS.NARROW, 0)]
-    out += [(f"last_row_race={n}", replace(d, last_row_race=n), 1) for n in (-1, 8)]
-    out += [("narrow+last_row_race=8", replace(TS.NARROW, last_row_race=8), 1)]
+    out += [("no_plain_row_race", replace(d, plain_row_race=False), 1)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
@@ -346,7 +344,7 @@ def sweep(args: argparse.Namespace) -> dict:
             pr = TS.race_plan(args.vocab, b, dev, tuning=tuning)
             nbytes, _ = count_bytes(b, k, args.vocab, elt, x["n_rej"], pl.num_chunks,
                                     pr.num_chunks, args.method, x["q"] is not None, pr.block,
-                                    bonus_in_row_pass=tuning.races_bonus_in_row_pass(k))
+                                    plain_in_row_pass=tuning.races_in_row_pass(k))
             kernels = None
             if args.device == "cuda" and prio == 0:      # where the time goes, per pass
                 kernels = kernel_us(lambda: TS.rejection_sample(  # noqa: E731

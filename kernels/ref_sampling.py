@@ -17,17 +17,21 @@ Semantics (shared with :mod:`kernels.triton_sampling`):
 * Sampling is the exponential race in log space: ``argmax_i (log r_i - log E_i)``,
   ``E_i = -log U(seed, position, stream, i)`` (see :mod:`kernels.philox`). For a filtered
   softmax the log-weights are ``x_i`` on kept tokens (``-inf`` elsewhere), which races exactly
-  like ``probs`` itself but needs no normaliser. It serves plain sampling, the bonus token,
-  strict verification and drafts (stream SAMPLE or DRAFT).
+  like ``probs`` itself but needs no normaliser. It serves plain sampling, strict verification
+  (its bonus token too) and drafts (stream SAMPLE or DRAFT).
 
-* The recovery after a rejection inverts the CDF of the residual instead (one random number,
-  ``u = U(seed, position, RECOVER, 0)``): with ``w = e * keep`` (so ``p = w / S``,
-  ``S = sum(w)``) the residual is ``r = max(w - S q, 0)`` (``S max(p - q, 0)``); the token is
+* Probabilistic verification draws a drafting request's last token by inverting a CDF instead
+  (one random number, ``u = U(seed, position, RECOVER, 0)``). With ``w = e * keep`` (so
+  ``p = w / S``, ``S = sum(w)``): after a rejection the residual ``r = max(w - S q, 0)``
+  (``S max(p - q, 0)``), when every draft was accepted the bonus row's ``r = w``. The token is
   the ``i`` with ``sum(r[:i]) <= u sum(r) < sum(r[:i + 1])``, found in two levels: sums of
   :data:`RECOVER_TILE`-entry tiles pick the tile, a cumulative sum inside it the entry (see
   :func:`inverse_cdf`). A residual without a positive entry falls back to ``w``. Per
   vocabulary entry that is an exp, a multiply-add and two sums: no random number, log or
-  division, so the GPU's recovery streams its row at memory speed.
+  division, so the GPU streams the row at memory speed. Exactly one of the recovery and the
+  bonus draws at a position, and which one is decided by the accept draws (stream ACCEPT) and
+  the drafts (stream DRAFT), so they can share the stream. A request without drafts is plain
+  sampling (the race, stream SAMPLE) whatever the rest of its batch does.
 
 No function here synchronises with the device, except that the width of the output of
 :func:`rejection_sample` needs the largest per-request draft count: it is read from
@@ -313,8 +317,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
       mismatching row (or of the bonus row).
     * ``probabilistic``: accept iff ``U(ACCEPT, 0) * q_j(x_j) < p_j(x_j)``; at the first rejection
       invert the CDF of ``max(p_j - q_j, 0)`` with ``U(RECOVER, 0)`` (of p_j if that is all
-      zero; see :func:`recover`); if all are accepted race over the bonus row's p with stream
-      SAMPLE.
+      zero; see :func:`recover`); if all are accepted invert the CDF of the bonus row's p with
+      the same ``U(RECOVER, 0)`` (its position is past the last draft's).
     * ``strict``: ``t_j`` = race over p_j with stream SAMPLE; accept iff ``t_j == x_j``, else emit
       ``t_j``; bonus as above. With k_b == 0 every method is plain sampling (stream SAMPLE).
 
@@ -379,9 +383,25 @@ def _recovered(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch
     return recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
 
 
-def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The bonus token at rows ``sel`` (every draft accepted): the race over p ([n] int64)."""
-    return race(_masked_x(d, sel), seeds, pos, SAMPLE)
+def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor,
+           k: torch.Tensor) -> torch.Tensor:
+    """The last token at rows ``sel`` where every draft was accepted ([n] int64): for a request
+    with ``k`` > 0 drafts the inverse CDF of p with ``U(RECOVER, 0)``; without drafts (plain
+    sampling) the race over p with stream SAMPLE."""
+    zero = torch.zeros(1, dtype=torch.int64, device=seeds.device)
+    if seeds.device.type == "cpu":   # a host read is free: each row draws only its own token
+        tok = torch.zeros_like(seeds)
+        rows = (k > 0).nonzero().squeeze(1)
+        if rows.numel():
+            u = uniform(seeds[rows], pos[rows], RECOVER, zero).squeeze(1)
+            tok[rows] = inverse_cdf(d.weights[sel[rows]], u)
+        rows = (k == 0).nonzero().squeeze(1)
+        if rows.numel():
+            tok[rows] = race(_masked_x(d, sel[rows]), seeds[rows], pos[rows], SAMPLE)
+        return tok
+    u = uniform(seeds, pos, RECOVER, zero).squeeze(1)
+    return torch.where(k > 0, inverse_cdf(d.weights[sel], u),
+                       race(_masked_x(d, sel), seeds, pos, SAMPLE))
 
 
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
@@ -402,10 +422,10 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
                 tok[rows] = _recovered(d, sel[rows], x, q, lay, seeds[rows], pos[rows])
             rows = (~rejected).nonzero().squeeze(1)
             if rows.numel():
-                tok[rows] = _bonus(d, sel[rows], seeds[rows], pos[rows])
+                tok[rows] = _bonus(d, sel[rows], seeds[rows], pos[rows], lay.k[rows])
         else:
             tok = torch.where(rejected, _recovered(d, sel, x, q, lay, seeds, pos),
-                              _bonus(d, sel, seeds, pos))
+                              _bonus(d, sel, seeds, pos, lay.k))
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 

@@ -15,21 +15,23 @@ and a program picks one copy by its row's T.
   max/sum pass, then multi-way threshold bisection passes (NT candidate thresholds per pass,
   no sort), then the race pass; it writes the kept mass as ``s`` and the threshold to
   ``row_thr``. Races run here where every row needs one (strict verification, draft
-  sampling) and, with LAST, in each request's last row: the bonus row of probabilistic
-  verification, raced before the accept tests say whether it is needed (one pass over the
-  row instead of two, chosen per call by ``Tuning.last_row_race``).
+  sampling) and, with LAST, in the row of each request without drafts (plain sampling: set
+  when no request has drafts, so the call is one pass over each row and no final race kernel).
 * ``final_race_kernel`` (grid [requests, chunks], probabilistic only): replays the accept
   tests (all of a request's drafts at once with PARALLEL, else row by row), then works on its
-  chunk of the one row that decides the request's last token. After a rejection: the first
-  level of the recovery's inverse-CDF search (kernels.ref_sampling ``inverse_cdf``), per-tile
-  sums of the residual ``max(w - S q, 0)`` and of the weights ``w`` (an exp, a multiply-add
-  and two sums per entry; UNROLL tiles loaded per step); only that row's logits and draft-prob
-  row are read. All drafts accepted: the bonus row's race over p (stream SAMPLE, as the row
-  pass races). So probabilistic verification draws random numbers for at most one row per
-  request.
-* ``finalize_kernel`` (grid [requests]): greedy / strict acceptance; for a rejection the second
-  level of the search (the tile sums' running total picks a tile, which is recomputed and
-  scanned); the bonus race's winner otherwise; writes the padded output row.
+  chunk of the one row that decides the request's last token: the first level of an
+  inverse-CDF search (kernels.ref_sampling ``inverse_cdf``), per-tile sums of ``r`` and of the
+  weights ``w`` (an exp, a multiply-add and two sums per entry; UNROLL tiles loaded per
+  step). After a rejection ``r`` is the residual ``max(w - S q, 0)``; when every draft was
+  accepted it is the bonus row's ``w`` itself (no q read). Only that row's logits (and, after
+  a rejection, its draft-prob row) are read. A request without drafts in a batch with drafts
+  races its row instead (stream SAMPLE, as plain sampling does). So probabilistic
+  verification draws random numbers for at most one row per request, and one number for a
+  drafting request's last token.
+* ``finalize_kernel`` (grid [requests]): greedy / strict acceptance; for a drafting request
+  (probabilistic) the second level of the search (the tile sums' running total picks a tile,
+  which is recomputed and scanned); a plain row's race winner otherwise; writes the padded
+  output row.
 * ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
 
 Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races
@@ -376,8 +378,8 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     compile time). SPLIT: a greedy row computes only its argmax (its m, s are placeholders:
     max z and 1) and a sampled row only its softmax (and race): nothing reads the other
     partials of such rows; without SPLIT every unfiltered row computes both. RACE: every
-    sampled row races; LAST: each request's last row (its bonus row) races, the same race
-    final_race_kernel would run on it if every draft is accepted."""
+    sampled row races; LAST: the row of each request without drafts races (plain sampling; the
+    same race final_race_kernel would run on it)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, NB)
@@ -395,7 +397,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     m_on = (min_p > 0.0) & sampled
     need_race = sampled & RACE
     if LAST:
-        need_race = need_race | (sampled & (j == k_b))
+        need_race = need_race | (sampled & (k_b == 0))
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     out = row * C + c
     if k_on | p_on | m_on:
@@ -529,13 +531,15 @@ def _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos, BLOCK: tl.constexpr,
 
 @triton.jit
 def _residual_tile(row_ptr, q_row, offs, msk, xj, T, mx, S, thr, HAS_Q: tl.constexpr):
-    """(w, r) over one tile of the rejected row: the kept softmax weights ``w = exp(x - mx)``
-    (p = w / S) and the residual ``r = max(w - S q, 0)`` (S max(p - q, 0); kernels.ref_sampling
-    ``_residual``). The search in finalize_kernel recomputes one tile with these same ops."""
+    """(w, r) over one tile of the deciding row: the kept softmax weights ``w = exp(x - mx)``
+    (p = w / S) and, for a rejected draft ``xj``, the residual ``r = max(w - S q, 0)``
+    (S max(p - q, 0); kernels.ref_sampling ``_residual``); for a bonus row (``xj < 0``, no
+    draft: q is not read) ``r = w``. The search in finalize_kernel recomputes one tile with
+    these same ops."""
     _x, e = _scaled(row_ptr, offs, msk, T, mx)
     w = tl.where(e >= thr, e, 0.0)
     if HAS_Q:
-        qv = tl.load(q_row + offs, mask=msk, other=0.0)
+        qv = tl.load(q_row + offs, mask=msk & (xj >= 0), other=0.0)
     else:
         qv = tl.where(offs == xj, 1.0, 0.0)
     return w, tl.maximum(w - S * qv, 0.0)
@@ -566,14 +570,14 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
                       BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
-                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr, LAST: tl.constexpr):
+                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
-    tests at once with PARALLEL, else one draft after another), then, over this chunk, either
-    the first level of the recovery's inverse-CDF search (a rejection: per-tile sums of the
-    residual and of the weights into ``tile_sums`` [2, requests, TP]) or the bonus row's race
-    (all accepted: into ``rec_v`` / ``rec_i``; nothing with LAST, where the row pass raced
-    the bonus row). Chunk 0 stores the accepted count and the raced row's max, sum and
-    threshold (``row_stat`` [3, requests]) for finalize_kernel."""
+    tests at once with PARALLEL, else one draft after another), then, over this chunk, the
+    first level of the last token's inverse-CDF search: per-tile sums into ``tile_sums``
+    [2, requests, TP] of the residual and of the weights after a rejection, or of the bonus
+    row's weights (twice) when every draft was accepted. A request without drafts races its
+    row instead (into ``rec_v`` / ``rec_i``). Chunk 0 stores the accepted count and the
+    deciding row's max, sum and threshold (``row_stat`` [3, requests]) for finalize_kernel."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     nb = tl.num_programs(0)
@@ -601,8 +605,8 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         row_ptr = logits_ptr + (row0 + n).to(tl.int64) * stride
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
-        if n < k_b:
-            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
+        if k_b > 0:   # a rejected draft's residual, or the bonus row's weights (xj = -1)
+            xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)
             q_row = q_ptr + (c0 + n).to(tl.int64) * V
             sums_r = tile_sums + b * TP
             sums_w = tile_sums + (nb + b) * TP
@@ -612,7 +616,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
             else:
                 _residual_chunk(row_ptr, q_row, lo, hi, xj, None, mx, S, thr, sums_r, sums_w,
                                 HAS_Q, BLOCK, TILES, UNROLL)
-        elif not LAST:
+        else:
             if T != 1.0:
                 v, j = _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos0 + n, BLOCK, TILES)
             else:
@@ -622,12 +626,13 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
 
 
 @triton.jit
-def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, row, n, T,
-             seed, pos, row_stat, tile_sums, NTILES, HAS_Q: tl.constexpr, TP: tl.constexpr,
+def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, row, n, k_b,
+             T, seed, pos, row_stat, tile_sums, NTILES, HAS_Q: tl.constexpr, TP: tl.constexpr,
              BLOCK: tl.constexpr):
-    """The recovered token of request b (kernels.ref_sampling ``inverse_cdf`` / ``recover``):
-    the tile sums' running total picks the tile that ``u`` times the total falls in, a running
-    total over that one tile (recomputed with the race kernel's ops) picks the entry."""
+    """The last token of drafting request b, recovered after a rejection (``n < k_b``) or the
+    bonus token (kernels.ref_sampling ``inverse_cdf`` / ``recover``): the tile sums' running
+    total picks the tile that ``u`` times the total falls in, a running total over that one
+    tile (recomputed with the race kernel's ops) picks the entry."""
     mx = tl.load(row_stat + b)
     S = tl.load(row_stat + nb + b)
     thr = tl.load(row_stat + 2 * nb + b)
@@ -645,7 +650,7 @@ def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, 
     t = tl.where(t == TP, tl.max(tl.where(sums > 0.0, i, 0), 0), t)
     rem = target - tl.sum(tl.where(i == t - 1, cum, 0.0), 0)
     offs = t * BLOCK + tl.arange(0, BLOCK)
-    xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)
+    xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)
     w, r = _residual_tile(logits_ptr + row.to(tl.int64) * stride,
                           q_ptr + (c0 + n).to(tl.int64) * V, offs, offs < V, xj, T, mx, S, thr,
                           HAS_Q)
@@ -662,10 +667,11 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
                     STRICT: tl.constexpr, HAS_Q: tl.constexpr, CP: tl.constexpr,
                     CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr, WP: tl.constexpr,
                     LAST: tl.constexpr):
-    """Grid [requests]: greedy / strict acceptance, or (probabilistic) the recovered token of
-    a rejection or the bonus race's winner (from the row pass's partials with LAST, else from
-    final_race_kernel's); writes the padded output row. A request without drafts reads no
-    accepted count (with LAST and no drafts anywhere, final_race_kernel is not launched)."""
+    """Grid [requests]: greedy / strict acceptance, or (probabilistic) a drafting request's
+    recovered or bonus token (the second level of the inverse-CDF search) or a plain row's race
+    winner (from the row pass's partials with LAST, else from final_race_kernel's); writes the
+    padded output row. A request without drafts reads no accepted count (with LAST no request
+    has drafts, and final_race_kernel is not launched)."""
     b = tl.program_id(0)
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
@@ -690,11 +696,11 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
         n = tl.full([], 0, tl.int32)
         if k_b > 0:
             n = tl.load(n_acc_ptr + b)
-        if n < k_b:
+        if k_b > 0:                                   # recovered (n < k_b) or bonus token
             tok = _recover(logits_ptr, stride, V, q_ptr, drafts_ptr, b, tl.num_programs(0), c0,
-                           row0 + n, n, T, tl.load(seed_ptr + b), tl.load(pos_ptr + b) + n,
+                           row0 + n, n, k_b, T, tl.load(seed_ptr + b), tl.load(pos_ptr + b) + n,
                            row_stat, tile_sums, NTILES, HAS_Q, TP, BLOCK)
-        elif LAST:                                                       # the bonus race
+        elif LAST:                                    # a plain row raced in the row pass
             tok, _v = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
         else:
             tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)

@@ -5,8 +5,9 @@ The semantics (distribution, random numbers, acceptance rules) are documented in
 :mod:`kernels.sampling_triton_kernels`. Launches per call: ``sample_draft`` 2,
 ``rejection_sample`` 3 (probabilistic) or 2 (strict, and plain sampling: no drafts).
 Random numbers: strict verification and draft sampling race every row; probabilistic verification
-races only a bonus row (all drafts accepted) and recovers after a rejection by inverting the
-residual's CDF with one random number (kernels.ref_sampling ``inverse_cdf``). Each Philox4x32-10
+draws a drafting request's last token with one random number, by inverting the CDF of the
+residual after a rejection or of the bonus row when every draft was accepted
+(kernels.ref_sampling ``inverse_cdf``), and races only the rows of requests without drafts. Each Philox4x32-10
 call gives four consecutive vocabulary entries (see kernels.philox), so a V-wide race costs
 V / 4 Philox calls. No host synchronisation: the output width of ``rejection_sample`` comes
 from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see
@@ -14,9 +15,9 @@ from ``max_num_draft_tokens`` or a host-side ``cu_num_draft_tokens`` (see
 
 Bytes read per verification step (V-wide rows, logits in their own dtype):
 every target row once (all chunks of a row together read it once), plus, for probabilistic
-verification, the deciding row's logits again (the rejected row, or the bonus row unless the
-row pass raced it: ``Tuning.last_row_race``, plain sampling by default) and the rejected row's
-draft-prob row (fp32), then one tile of both again (the recovery's search); draft-prob rows of
+verification, the deciding row's logits again (the rejected or the bonus row; a plain row
+unless the row pass raced it: ``Tuning.plain_row_race``) and the rejected row's draft-prob
+row (fp32), then one tile of both again (the search's second level); draft-prob rows of
 accepted tokens are read at one element each. Top-k / top-p rows
 add one read per bisection pass (about 8 per filter with NT = 16; passes after the first two
 mostly just stream), done by one program per row: at small batch sizes a filtered row is
@@ -56,12 +57,9 @@ class Tuning:
     * ``parallel_accept``: the final race's programs run a request's k accept tests at once
       (without it, one after another: a chain of dependent loads per draft, in every program);
     * ``recover_unroll``: tiles a rejection's residual pass loads per loop step;
-    * ``last_row_race``: probabilistic verification races each request's bonus row (its last)
-      in the row pass, not after the accept tests, when no request has more drafts than this
-      (-1: never). The same random numbers and tokens either way; the row pass's race costs
-      arithmetic on a row that a rejection leaves unused, the final race's costs a second
-      read of the row. At 0 (the default) it covers plain sampling, where every request
-      has no drafts: one pass over each row and no final race kernel.
+    * ``plain_row_race``: plain sampling (no request has drafts) races each row in the row
+      pass: one pass over each row and no final race kernel. Without it the final race kernel
+      reads each row again and races it there: the same random numbers and tokens.
     """
 
     block: int = 1024
@@ -73,7 +71,7 @@ class Tuning:
     split: bool = True
     parallel_accept: bool = True
     recover_unroll: int = 4
-    last_row_race: int = 0
+    plain_row_race: bool = True
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -82,21 +80,19 @@ class Tuning:
                 raise ValueError(f"{name} must be a power of two, got {v}")
         if min(self.row_waves, self.race_waves, self.row_warps, self.race_warps) < 1:
             raise ValueError("waves and warps must be >= 1")
-        if self.last_row_race < -1:
-            raise ValueError(f"last_row_race must be >= -1, got {self.last_row_race}")
 
-    def races_bonus_in_row_pass(self, max_drafts: int) -> bool:
+    def races_in_row_pass(self, max_drafts: int) -> bool:
         """Whether a probabilistic verification whose widest request has ``max_drafts`` drafts
-        races the bonus rows in the row pass (``last_row_race``)."""
-        return max_drafts <= self.last_row_race
+        races its rows in the row pass (``plain_row_race``: only plain sampling does)."""
+        return self.plain_row_race and max_drafts == 0
 
 
 DEFAULT = Tuning()
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
-                last_row_race=-1)
-# LEGACY's launch shape with the bonus rows of plain sampling raced in the row pass
-NARROW = replace(LEGACY, last_row_race=0)
+                plain_row_race=False)
+# LEGACY's launch shape with plain sampling raced in the row pass
+NARROW = replace(LEGACY, plain_row_race=True)
 
 # Which tuning a call gets when it names none. Measured on an H100 (2026-11-24, V = 151,936 bf16,
 # `python -m specserve.bench.rejection_sampler --sweep`, CUDA-graph replays): the verification
@@ -308,8 +304,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     tuning = tuning or verification_tuning(rows)
     pl = plan(vocab, rows, dev, block, chunk, tuning)
     strict = method == "strict"
-    # the bonus rows raced in the row pass (the same tokens; Tuning.last_row_race)
-    last = not strict and tuning.races_bonus_in_row_pass(width - 1)
+    # plain sampling raced in the row pass (the same tokens; Tuning.plain_row_race)
+    last = not strict and tuning.races_in_row_pass(width - 1)
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
                      split=tuning.split, last=last)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
@@ -317,14 +313,14 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
     q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
-    if not strict and not (last and width == 1):   # no drafts, bonus raced: nothing to do
+    if not strict and not last:   # plain sampling raced in the row pass: nothing to do
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, race.rec_v,
             race.rec_i, race.n_acc, race.row_stat, race.tile_sums,
             HAS_Q=has_q, CP=cp, TP=tp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
-            UNROLL=min(tuning.recover_unroll, pr.tiles), LAST=last, num_warps=pr.num_warps)
+            UNROLL=min(tuning.recover_unroll, pr.tiles), num_warps=pr.num_warps)
     K.finalize_kernel[(num_reqs,)](
         logits, logits.stride(0), vocab, cu, drafts, q, params[0], params[4], params[5],
         part.rv, part.ri, part.gv, part.gi, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
@@ -371,7 +367,7 @@ def warm_up_shapes(vocab: int, max_reqs: int, max_drafts: int,
                 t, tiles = row_keys[rows]
                 if (reqs, t) not in race:
                     race[(reqs, t)] = race_plan(vocab, reqs, device, tuning=t).tiles
-                last = t.races_bonus_in_row_pass(k)  # the bonus race's kernel variants
+                last = t.races_in_row_pass(k)  # plain sampling's kernel variants
                 key = (t, tiles, race[(reqs, t)], triton.next_power_of_2(k + 1), last)
                 first.setdefault(key, (reqs, rows, k))
     return _representative_rows(vocab, max_reqs, device), sorted(first.values())

@@ -5,8 +5,8 @@
 #   2. profile_gpu (plain 8B-like decode, and the 8B + 0.6B pair at k = 4), batch 1, with the
 #      table in the code, then with SPECSERVE_GEMV_TABLE naming the sweep's gemv.json, then the
 #      code's table again.
-# On an H100 (already tuned) it runs the plain-sampling sweep of scripts/gpu_last_row_race.sh
-# instead, for H100 rows of that change. Results land in $OUT.
+# On an H100 (already tuned) it runs a plain-sampling sweep of the rejection sampler instead
+# (plain rows raced in the row pass or in the final race kernel). Results land in $OUT.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 bash scripts/gpu_run.sh none > /dev/null 2>&1
@@ -16,7 +16,7 @@ echo "$name" | tee "$OUT/device.txt"
 if [[ "$name" == *H100* ]]; then
   for run in 1 2; do
     timeout 120 python3 -m specserve.bench.rejection_sampler --sweep --ks 0 \
-      --only legacy,narrow,default,last_row_race=-1 --budget-s 999 --out "/tmp/lrr_k0_$run" \
+      --only legacy,narrow,default,no_plain_row_race --budget-s 999 --out "/tmp/lrr_k0_$run" \
       2>&1 | grep -E "^B=" | tee -a "$OUT/last_row_race_h100.log"
   done
   exit 0

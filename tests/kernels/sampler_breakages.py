@@ -63,13 +63,26 @@ BREAKAGES = {b.name: b for b in [
         ref=(("else q[lay.draft_idx[sel]]",
               "else q[lay.draft_idx[sel] - (lay.j[sel] == lay.k[lay.req[sel]]).to(torch.int64)]"),
              ("        rejected = n_acc < lay.k\n", "        rejected = lay.k > 0\n")),
-        triton_kernels=(("        if n < k_b:\n            xj = tl.load(drafts_ptr + c0 + n).to(tl.int32)\n"
+        triton_kernels=(("            xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)\n"
                          "            q_row = q_ptr + (c0 + n).to(tl.int64) * V\n",
-                         "        if k_b > 0:\n            xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1)).to(tl.int32)\n"
+                         "            xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1)).to(tl.int32)\n"
                          "            q_row = q_ptr + (c0 + tl.minimum(n, k_b - 1)).to(tl.int64) * V\n"),
-                        ("        if n < k_b:\n            tok = _recover(",
-                         "        if k_b > 0:\n            tok = _recover("),
-                        ("row0 + n, n, T,", "row0 + n, tl.minimum(n, k_b - 1), T,"))),
+                        ("    xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)\n"
+                         "    w, r = _residual_tile(logits_ptr + row.to(tl.int64) * stride,\n"
+                         "                          q_ptr + (c0 + n).to(tl.int64) * V,",
+                         "    xj = tl.load(drafts_ptr + c0 + tl.minimum(n, k_b - 1)).to(tl.int32)\n"
+                         "    w, r = _residual_tile(logits_ptr + row.to(tl.int64) * stride,\n"
+                         "                          q_ptr + (c0 + tl.minimum(n, k_b - 1)).to(tl.int64) * V,"))),
+    Breakage(
+        "bonus_reuses_accept_draw", "the bonus token is drawn with the last draft's accept "
+        "number, which its acceptance conditions (the bonus must take a number of its own)",
+        ref=(("            u = uniform(seeds[rows], pos[rows], RECOVER, zero).squeeze(1)",
+              "            u = uniform(seeds[rows], pos[rows] - 1, ACCEPT, zero).squeeze(1)"),
+             ("    u = uniform(seeds, pos, RECOVER, zero).squeeze(1)\n    return torch.where(k > 0,",
+              "    u = uniform(seeds, pos - 1, ACCEPT, zero).squeeze(1)\n    return torch.where(k > 0,")),
+        triton_kernels=(("    target = _uniform(seed, pos, 3, tl.full([], 0, tl.int32)) * tl.sum(sums, 0)",
+                         "    target = _uniform(seed, tl.where(n < k_b, pos, pos - 1), "
+                         "tl.where(n < k_b, 3, 2), tl.full([], 0, tl.int32)) * tl.sum(sums, 0)"),)),
 ]}
 
 
@@ -124,6 +137,6 @@ def detection_cell(breakage: str, on_gpu: bool, rows: int):
     if breakage == "bf16_q":
         return Cell(vocab=base.vocab, dtype="float32", batch=256 if on_gpu else 64, k=8,
                     draft_noise=0.001 if on_gpu else 0.0005, rows=rows, seed=7001)
-    if breakage == "bonus_from_residual":
+    if breakage in ("bonus_from_residual", "bonus_reuses_accept_draw"):
         return Cell(vocab=base.vocab, dtype=base.dtype, batch=64, k=1, rows=rows, seed=7002)
     return base

@@ -54,7 +54,8 @@ def test_the_twin_matches_theory(cell) -> None:
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
 def test_each_breakage_fails(breakage, tmp_path) -> None:
     broken = broken_module(breakage, "torch", tmp_path)
-    rows = {"bf16_q": 15_000, "bonus_from_residual": 20_000}.get(breakage, 10_000)
+    rows = {"bf16_q": 15_000, "bonus_from_residual": 20_000,
+            "bonus_reuses_accept_draw": 20_000}.get(breakage, 10_000)
     res = X.run_cell(detection_cell(breakage, on_gpu=False, rows=rows), CPU, broken)
     assert not res.passed, f"{BREAKAGES[breakage].what}: not detected: {res.to_json()}"
 

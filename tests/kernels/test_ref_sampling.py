@@ -137,9 +137,11 @@ def test_certain_accept_when_q_equals_p() -> None:
                              p[:k].repeat(n, 1), *param_tensors([params] * n), seeds,
                              torch.zeros(n, dtype=torch.int64), "probabilistic")
     assert torch.equal(out[:, :k], drafts.view(n, k))
-    keep = torch.where(p[k] > 0, z[k] / params[0], float("-inf")).repeat(n, 1)
-    bonus = R.race(keep, seeds, torch.full((n,), k), P.SAMPLE)
-    assert torch.equal(out[:, k], bonus)
+    # the bonus token: the inverse CDF of the bonus row's p with U(RECOVER, 0) at position k
+    w = R.row_distribution(z[k:], *param_tensors([params])).weights.repeat(n, 1)
+    u = P.uniform(seeds, torch.full((n,), k), P.RECOVER, torch.zeros(1, dtype=torch.int64))
+    bonus = R.inverse_cdf(w, u.squeeze(1))
+    assert torch.equal(out[:, k], bonus) and len(set(bonus.tolist())) > 3
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -52,9 +52,8 @@ def test_row_pass_kernel_compiles(has_cu: bool, race: bool, last: bool, unroll: 
                                               UNROLL=unroll, SPLIT=split))
 
 
-@pytest.mark.parametrize("has_q,parallel,unroll,last", [(True, True, 4, False), (False, True, 4, False),
-                                                       (True, False, 1, False), (True, True, 4, True)])
-def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int, last: bool) -> None:
+@pytest.mark.parametrize("has_q,parallel,unroll", [(True, True, 4), (False, True, 4), (True, False, 1)])
+def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
@@ -62,7 +61,7 @@ def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int, la
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
                row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums=P32)
     _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
-                                            KP=16, PARALLEL=parallel, UNROLL=unroll, LAST=last))
+                                            KP=16, PARALLEL=parallel, UNROLL=unroll))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:

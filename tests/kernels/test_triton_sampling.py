@@ -187,35 +187,37 @@ else:
         torch.testing.assert_close(q, want_q, atol=1e-6, rtol=1e-5)
 
     @pytest.mark.parametrize("base", [TS.DEFAULT, TS.NARROW], ids=["default", "narrow"])
-    def test_bonus_race_in_the_row_pass_gives_the_same_tokens(base, monkeypatch) -> None:
-        """Tuning.last_row_race moves each request's bonus race from after the accept tests
-        into the row pass; the race, its random numbers and its tokens stay the same. With
-        drafts (all requests' last rows raced early: unfiltered at T == 1 and T != 1, top-k,
-        top-p, min-p and greedy rows, some requests accepting every draft), and for plain
-        sampling (no drafts), where the final race kernel is not launched at all."""
+    def test_plain_rows_raced_in_the_row_pass_give_the_same_tokens(base, monkeypatch) -> None:
+        """Tuning.plain_row_race moves plain sampling's race (no request has drafts) from the
+        final race kernel into the row pass; the race, its random numbers and its tokens stay
+        the same, and the final race kernel is not launched (unfiltered rows at T == 1 and
+        T != 1, top-k, top-p, min-p and greedy rows). A batch with drafts never races its
+        drafting requests' last rows (inverse CDF, also for the bonus row): the flag leaves
+        it alone, requests without drafts in it included."""
         from dataclasses import replace
-
-        case = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0)
-        want = R.rejection_sample(*case.args("probabilistic"))
-        bonus = [(want[b] >= 0).sum().item() == k + 1 for b, k in enumerate(KS) if k > 0]
-        assert sum(bonus) >= 2, "some requests must accept every draft: the bonus path bites"
-        for n in (-1, max(KS), 2 * max(KS)):      # never; the widest call exactly; beyond it
-            got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK,
-                                      tuning=replace(base, last_row_race=n))
-            assert torch.equal(got, want), f"last_row_race={n}\n{got}\n{want}"
 
         plain_params = PARAMS + UNFILTERED_T
         plain = make_verify_case([0] * len(plain_params), plain_params, vocab=300, seed=14,
                                  scale=2.0)
         want = R.rejection_sample(*plain.args("probabilistic"))
         assert torch.equal(TS.rejection_sample(*plain.args("probabilistic"), block=BLOCK,
-                                               tuning=replace(base, last_row_race=-1)), want)
+                                               tuning=replace(base, plain_row_race=False)), want)
+        case = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0)
+        assert 0 in KS and max(KS) > 0
+        want_drafts = R.rejection_sample(*case.args("probabilistic"))
+        bonus = [(want_drafts[b] >= 0).sum().item() == k + 1 for b, k in enumerate(KS) if k > 0]
+        assert sum(bonus) >= 2, "some requests must accept every draft: the bonus path bites"
 
         monkeypatch.setattr(TS.K, "final_race_kernel", _NoLaunch())
         for chunk in (CHUNK, None):
             got = TS.rejection_sample(*plain.args("probabilistic"), block=BLOCK, chunk=chunk,
-                                      tuning=replace(base, last_row_race=0))
+                                      tuning=replace(base, plain_row_race=True))
             assert torch.equal(got, want), f"\n{got}\n{want}"
+        monkeypatch.undo()
+        for flag in (False, True):
+            got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK,
+                                      tuning=replace(base, plain_row_race=flag))
+            assert torch.equal(got, want_drafts), f"plain_row_race={flag}\n{got}\n{want_drafts}"
 
     class _NoLaunch:
         """Stands in for a kernel that must not be launched: any launch fails the test."""
@@ -259,8 +261,10 @@ else:
             want = R.rejection_sample(*case.args(method))
             assert torch.equal(got, want), f"{method}\n{got}\n{want}"
 
-    @pytest.mark.parametrize("breakage", ["wrong_row_q", "skipped_chunk", "bonus_from_residual"],
-                             ids=["wrong-row-q", "chunk-left-out", "bonus-from-residual"])
+    @pytest.mark.parametrize("breakage", ["wrong_row_q", "skipped_chunk", "bonus_from_residual",
+                                          "bonus_reuses_accept_draw"],
+                             ids=["wrong-row-q", "chunk-left-out", "bonus-from-residual",
+                                  "bonus-reuses-accept-draw"])
     def test_triton_breakages_change_tokens(breakage, tmp_path) -> None:
         """The exactness harness's deliberate Triton breakages (its GPU test) still bite on the
         default launch path: each changes tokens of a plain batch (bf16_q needs the GPU's
@@ -300,14 +304,14 @@ else:
         def variant(reqs: int, k: int, rows: int) -> tuple:
             """What a verification compiles for: its tuning (chosen by its row count), the row
             pass's and the final race's loop bounds under it, the output width, and whether the
-            row pass races the bonus rows (Tuning.last_row_race)."""
+            row pass races plain sampling's rows (Tuning.plain_row_race)."""
             if rows not in row_key:
                 t = TS.verification_tuning(rows)
                 row_key[rows] = (t, TS.plan(vocab, rows, dev, tuning=t).tiles)
             t, tiles = row_key[rows]
             if (reqs, t) not in race:
                 race[(reqs, t)] = TS.race_plan(vocab, reqs, dev, tuning=t).tiles
-            return (t, tiles, race[(reqs, t)], 1 << k.bit_length(), k <= t.last_row_race)
+            return (t, tiles, race[(reqs, t)], 1 << k.bit_length(), t.races_in_row_pass(k))
 
         # every batch: B requests whose widest has k drafts verify B + k .. B (k + 1) rows (the
         # others may draft fewer, near their max_tokens)
