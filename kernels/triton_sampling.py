@@ -235,11 +235,21 @@ def _rowwise(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
-def _chunks_pad(vocab: int, block: int) -> int:
-    """Width of the per-chunk partials a combine step reads: the most chunks any plan for this
-    vocabulary can have (one tile each), padded to a power of two. Fixed per vocabulary, so the
-    batch size never selects a new compiled variant (lanes past a row's chunks are masked)."""
+def _tiles_pad(vocab: int, block: int) -> int:
+    """The tiles of a row, padded to a power of two: the width of the recovery's tile sums,
+    and the most chunks any plan for this vocabulary can have (one tile each)."""
     return triton.next_power_of_2(triton.cdiv(vocab, block))
+
+
+def _chunks_pad(vocab: int, pl: Plan) -> int:
+    """Width of the per-chunk partials of plan ``pl`` that a combine step reads (lanes past a
+    row's chunks are masked): the most chunks a plan with the same loop bound can have, padded
+    to a power of two. A plan's chunks hold more than ``pl.tiles // 2`` tiles each (``tiles`` is
+    the power of two at or above them), so the width follows the compiled loop bound and adds
+    no variant. It was once the vocabulary's tile count (256 at V = 151,936): the accept tests
+    then combined [k + 1, 256] partials per program, most of the final race kernel's time at
+    k = 8 on an H100 (51 us against 32 us at k = 3, B = 64, every draft rejected)."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(vocab, pl.block), pl.tiles // 2 + 1))
 
 
 def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -270,7 +280,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
         part.rv, part.ri, part.gv, part.gi, part.thr, tokens, q if store_probs else tokens,
-        STORE=store_probs, CP=_chunks_pad(vocab, pl.block), BLOCK=pl.block,
+        STORE=store_probs, CP=_chunks_pad(vocab, pl), BLOCK=pl.block,
         TILES=pl.tiles, num_warps=pl.num_warps)
     return tokens, q
 
@@ -309,7 +319,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
                      split=tuning.split, last=last)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
-    cp, tp = _chunks_pad(vocab, pl.block), _chunks_pad(vocab, pr.block)
+    cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
     q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
@@ -325,7 +335,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         logits, logits.stride(0), vocab, cu, drafts, q, params[0], params[4], params[5],
         part.rv, part.ri, part.gv, part.gi, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
         race.tile_sums, out, width, pl.num_chunks, pr.num_chunks, triton.cdiv(vocab, pr.block),
-        STRICT=strict, HAS_Q=has_q, CP=cp, CRP=tp, TP=tp, BLOCK=pr.block,
+        STRICT=strict, HAS_Q=has_q, CP=cp, CRP=_chunks_pad(vocab, pr), TP=tp, BLOCK=pr.block,
         WP=triton.next_power_of_2(width), LAST=last, num_warps=FINALIZE_WARPS)
     return out
 

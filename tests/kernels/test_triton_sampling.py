@@ -321,10 +321,10 @@ else:
         assert len(shapes) == len({variant(r, k, rows) for r, rows, k in shapes})   # no repeats
         assert all(r <= max_reqs and k <= max_drafts and (r + k <= rows <= r * (k + 1) if k else rows == r)
                    for r, rows, k in shapes)
-        # the partials' width is fixed per vocabulary and covers every plan's chunk count
-        pad = TS._chunks_pad(vocab, 1024)
-        assert all(TS.plan(vocab, rows, dev, tuning=t).num_chunks <= pad
-                   for rows in range(1, max_reqs * (max_drafts + 1) + 1) for t in (TS.LEGACY, TS.DEFAULT))
+        # the partials' width follows the plan's loop bound and covers its chunk count
+        plans = [TS.plan(vocab, rows, dev, tuning=t) for rows in range(1, max_reqs * (max_drafts + 1) + 1)
+                 for t in (TS.LEGACY, TS.DEFAULT)]
+        assert all(p.num_chunks <= TS._chunks_pad(vocab, p) for p in plans)
 
     @pytest.mark.parametrize("method,with_probs,store", [("probabilistic", True, True),
                                                           ("strict", False, True),
