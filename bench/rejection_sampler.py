@@ -29,9 +29,9 @@ Bytes counted for our kernels (V-wide rows, ``e`` = bytes per logit):
   row; usually an L2 hit, counted anyway) ................ B V e (none for plain sampling
   raced in the row pass, Tuning.plain_row_race)
   and the fp32 draft-prob row of each rejected draft ..... n_rej V 4
-  the inverse-CDF search of a rejection or bonus row: the per-tile sums (2 per tile of the
-  plan's block, written and read) and one tile of the row's logits (and a rejected draft's
-  probs) read again (small, counted for rejections only)
+  the inverse-CDF search of a rejection or bonus row: the fp64 per-tile sums (2 per tile of
+  the plan's block, written and read) and one tile of the row's logits (and a rejected draft's
+  probs) read again (small)
   accepted drafts: one draft-prob element each, plus per-(row, chunk) partials, the output,
   params: counted exactly below, they are small.
 ``first_read_bytes`` leaves out the re-read rows: the HBM traffic if they hit in L2.
@@ -163,9 +163,11 @@ def count_bytes(b: int, k: int, v: int, elt: int, n_rej: int, c: int, cr: int,
         first += n_rej * v * 4 if has_q else 0               # fp32 q row of the rejected draft
         small += b * k * (4 + elt)                           # q(x) and z[x] of each draft
         small += b * cr * (k + 1) * c * 2 * 4                # partials re-read per race chunk
-        small += b * cr * 2 * 4 + b * 4                      # race partials + accepted counts
-        tiles = -(-v // block)
-        small += n_rej * (2 * tiles * 4 * 2 + block * (elt + (4 if has_q else 0)))  # recovery
+        small += b * 4 + (0 if k else b * cr * 2 * 4)        # accepted counts (plain: race partials)
+        if k:   # every request's last token by inverse CDF: fp64 tile sums written and read, one
+            tiles = -(-v // block)                           # tile of its row read again (and
+            small += b * (2 * tiles * 8 * 2 + block * elt)   # of a rejected draft's q)
+            small += n_rej * block * 4 if has_q else 0
     return first + again + small, first
 
 

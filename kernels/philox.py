@@ -22,6 +22,9 @@ in the open interval (0, 1):
 * Uniform: ``u = ((r >> 9) + 0.5) * 2**-23`` (all exact in fp32), so ``2**-24 <= u <= 1 - 2**-24``:
   strictly inside (0, 1), which keeps ``-log(u)`` finite and positive. (``tl.rand`` itself maps
   to [0, 1) and can return 0, so we do not use its float conversion.)
+* The inverse-CDF draw (a recovery or a bonus token) needs finer steps than 2**-23: a token of
+  probability below that would be hit with probability 0 or 2**-23, not its own. It takes
+  :func:`uniform52`, 52 bits from words 0 and 1 of counter 0, in fp64.
 
 This module is plain torch (uint32 arithmetic emulated in int64 without overflow) and is the
 oracle for the Triton twin in :mod:`kernels.triton_sampling`.
@@ -31,10 +34,11 @@ from __future__ import annotations
 
 import torch
 
-SAMPLE = 0   # target sampling: plain decoding, the bonus token, strict verification
+SAMPLE = 0   # target sampling: plain decoding, strict verification (its bonus token too)
 DRAFT = 1    # the draft model's proposals
 ACCEPT = 2   # the accept/reject draw of probabilistic verification (index 0)
-RECOVER = 3  # the replacement token after a rejection (index 0: one number per position)
+RECOVER = 3  # probabilistic verification's last token: the replacement after a rejection or
+             # the bonus token (uniform52: one number per position)
 
 
 def draft_stream(method: str) -> int:
@@ -134,6 +138,15 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Te
         idx = idx.unsqueeze(0)                                     # [1, M]
     r = index_bits(idx, k0.unsqueeze(1), k1.unsqueeze(1))         # [N, M]
     return bits_to_uniform(r)
+
+
+def uniform52(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """One fp64 uniform per row with 52 random bits: ``((w0 >> 6) * 2**26 + (w1 >> 6) + 0.5) *
+    2**-52`` from words 0 and 1 of counter 0, in [2**-53, 1 - 2**-53] (exact in fp64). [N]."""
+    k0, k1 = mix_key(seeds, positions, stream)
+    words = philox_words(torch.zeros_like(k0), k0, k1)                # [N, 4]
+    bits = (words[:, 0] >> 6) * (1 << 26) + (words[:, 1] >> 6)       # < 2**52
+    return (bits.to(torch.float64) + 0.5) * (2.0 ** -52)
 
 
 def uniform_prefix(seeds: torch.Tensor, positions: torch.Tensor, stream: int | torch.Tensor,

@@ -21,7 +21,10 @@ Semantics (shared with :mod:`kernels.triton_sampling`):
   (its bonus token too) and drafts (stream SAMPLE or DRAFT).
 
 * Probabilistic verification draws a drafting request's last token by inverting a CDF instead
-  (one random number, ``u = U(seed, position, RECOVER, 0)``). With ``w = e * keep`` (so
+  (one random number with 52 bits, ``u = uniform52(seed, position, RECOVER)``, and the sums in
+  fp64, so a token's share of ``u``'s range is its probability down to ~2**-52 of the row's
+  mass; with fp32 sums and a 23-bit ``u`` a token below ~1.2e-7 was hit with probability 0
+  or 2**-23, whatever its own). With ``w = e * keep`` (so
   ``p = w / S``, ``S = sum(w)``): after a rejection the residual ``r = max(w - S q, 0)``
   (``S max(p - q, 0)``), when every draft was accepted the bonus row's ``r = w``. The token is
   the ``i`` with ``sum(r[:i]) <= u sum(r) < sum(r[:i + 1])``, found in two levels: sums of
@@ -52,6 +55,7 @@ from specserve.kernels.philox import (
     SAMPLE,
     neg_log_exponential,
     uniform,
+    uniform52,
     uniform_prefix,
 )
 
@@ -165,18 +169,22 @@ def race(log_weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, the index ``i`` with ``sum(w[:i]) <= u sum(w) < sum(w[:i + 1])``; never an entry
-    of weight 0. weights: [N, V] fp32 >= 0, each row with a positive entry; u: [N] in (0, 1).
+    of weight 0. weights: [N, V] fp32 >= 0, each row with a positive entry; u: [N] fp64 in
+    (0, 1) (:func:`kernels.philox.uniform52`).
 
     Two levels, as the Triton twin does it: the tile sums' running total picks the first
     :data:`RECOVER_TILE`-entry tile whose total passes ``u sum(w)``, a running total inside that
-    tile picks the entry. Where fp32 rounding leaves the target past a tile's (or the row's)
-    last positive entry, that entry is taken. Returns [N] int64.
+    tile picks the entry. Sums and totals are fp64 (the weights are exact in it): an entry's
+    share of ``u``'s range is its weight to ~2**-52 of the row's total, and the tiling changes
+    only the order of the additions. Where rounding leaves the target past a tile's (or the
+    row's) last positive entry, that entry is taken. Returns [N] int64.
     """
     n, v = weights.shape
     nt = -(-v // RECOVER_TILE)
     tiles = torch.nn.functional.pad(weights, (0, nt * RECOVER_TILE - v)).view(n, nt, RECOVER_TILE)
+    tiles = tiles.to(torch.float64)
     sums = tiles.sum(dim=2)                                                  # [N, nt]
-    target = u * sums.sum(dim=1)                                             # [N]
+    target = u.to(torch.float64) * sums.sum(dim=1)                           # [N]
     cum = sums.cumsum(dim=1)
     t = _tile_of(sums, cum, target)
     before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
@@ -316,11 +324,12 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     * greedy request (T == 0): accept while x_j == argmax(p_j); emit the argmax of the first
       mismatching row (or of the bonus row).
     * ``probabilistic``: accept iff ``U(ACCEPT, 0) * q_j(x_j) < p_j(x_j)``; at the first rejection
-      invert the CDF of ``max(p_j - q_j, 0)`` with ``U(RECOVER, 0)`` (of p_j if that is all
+      invert the CDF of ``max(p_j - q_j, 0)`` with ``uniform52(RECOVER)`` (of p_j if that is all
       zero; see :func:`recover`); if all are accepted invert the CDF of the bonus row's p with
-      the same ``U(RECOVER, 0)`` (its position is past the last draft's).
+      the same ``uniform52(RECOVER)`` (its position is past the last draft's).
     * ``strict``: ``t_j`` = race over p_j with stream SAMPLE; accept iff ``t_j == x_j``, else emit
-      ``t_j``; bonus as above. With k_b == 0 every method is plain sampling (stream SAMPLE).
+      ``t_j``; the bonus token is the bonus row's own race. With k_b == 0 every method is plain
+      sampling (stream SAMPLE).
 
     A draft token with ``q_j(x_j) == 0`` is a caller bug: raises ValueError on the CPU (a
     device-side assert elsewhere).
@@ -379,27 +388,25 @@ def _recovered(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch
     """The recovery after a rejection at rows ``sel``: inverse CDF of the residual ([n] int64)."""
     w = d.weights[sel]                                                           # [n, V]
     q_rows = _one_hot(x[sel], w.shape[1]) if q is None else q[lay.draft_idx[sel]]
-    u = uniform(seeds, pos, RECOVER, torch.zeros(1, dtype=torch.int64, device=w.device))
-    return recover(w, _residual(w, d.mass[sel], q_rows), u.squeeze(1))
+    return recover(w, _residual(w, d.mass[sel], q_rows), uniform52(seeds, pos, RECOVER))
 
 
 def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor,
            k: torch.Tensor) -> torch.Tensor:
     """The last token at rows ``sel`` where every draft was accepted ([n] int64): for a request
-    with ``k`` > 0 drafts the inverse CDF of p with ``U(RECOVER, 0)``; without drafts (plain
-    sampling) the race over p with stream SAMPLE."""
-    zero = torch.zeros(1, dtype=torch.int64, device=seeds.device)
+    with ``k`` > 0 drafts the inverse CDF of p with ``uniform52(RECOVER)``; without drafts
+    (plain sampling) the race over p with stream SAMPLE."""
     if seeds.device.type == "cpu":   # a host read is free: each row draws only its own token
         tok = torch.zeros_like(seeds)
         rows = (k > 0).nonzero().squeeze(1)
         if rows.numel():
-            u = uniform(seeds[rows], pos[rows], RECOVER, zero).squeeze(1)
+            u = uniform52(seeds[rows], pos[rows], RECOVER)
             tok[rows] = inverse_cdf(d.weights[sel[rows]], u)
         rows = (k == 0).nonzero().squeeze(1)
         if rows.numel():
             tok[rows] = race(_masked_x(d, sel[rows]), seeds[rows], pos[rows], SAMPLE)
         return tok
-    u = uniform(seeds, pos, RECOVER, zero).squeeze(1)
+    u = uniform52(seeds, pos, RECOVER)
     return torch.where(k > 0, inverse_cdf(d.weights[sel], u),
                        race(_masked_x(d, sel), seeds, pos, SAMPLE))
 

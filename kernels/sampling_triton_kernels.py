@@ -77,6 +77,15 @@ def _uniform(seed, pos, stream, offs):
 
 
 @triton.jit
+def _uniform52(seed, pos, stream):
+    """kernels.philox ``uniform52``: one fp64 uniform with 52 bits from words 0 and 1 of
+    counter 0, in [2**-53, 1 - 2**-53] (the inverse-CDF draw's number)."""
+    r0, r1, _r2, _r3 = tl.randint4x(_key(seed, pos, stream), tl.full([], 0, tl.int32))
+    bits = (r0 >> 6).to(tl.float64) * 67108864.0 + (r1 >> 6).to(tl.float64)   # 2**26
+    return (bits + 0.5) * 2.220446049250313e-16                                  # 2**-52
+
+
+@triton.jit
 def _uniform_tile(seed, pos, stream, start, BLOCK: tl.constexpr):
     """U for the indices start .. start + BLOCK (start a multiple of 4): BLOCK // 4 Philox calls,
     each giving the four consecutive indices 4c .. 4c + 3 (words interleaved in order)."""
@@ -508,9 +517,10 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
 
 
 @triton.jit
-def _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos, BLOCK: tl.constexpr,
-                 TILES: tl.constexpr):
-    """The bonus row's race over [lo, hi) (stream SAMPLE, x-space, as the row pass races):
+def _plain_race_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos, BLOCK: tl.constexpr,
+                      TILES: tl.constexpr):
+    """The race over [lo, hi) of the row of a request without drafts (stream SAMPLE, x-space, as
+    the row pass races):
     (best score, index); tiles of a filtered row without a kept entry draw no random numbers."""
     best = tl.full([BLOCK], NEG_INF, tl.float32)
     idx = lo + tl.arange(0, BLOCK)
@@ -549,8 +559,8 @@ def _residual_tile(row_ptr, q_row, offs, msk, xj, T, mx, S, thr, HAS_Q: tl.const
 def _residual_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, sums_r, sums_w,
                     HAS_Q: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr,
                     UNROLL: tl.constexpr):
-    """Per-tile sums of the residual and of the weights over [lo, hi) (lo a multiple of BLOCK),
-    stored at tile index start // BLOCK: the first level of the inverse-CDF search. UNROLL
+    """Per-tile sums (fp64) of the residual and of the weights over [lo, hi) (lo a multiple of
+    BLOCK), stored at tile index start // BLOCK: the first level of the inverse-CDF search. UNROLL
     tiles are loaded per step ([UNROLL, BLOCK], summed along the tile), so a program keeps
     several loads in flight: the pass has too little arithmetic to hide one tile's latency."""
     tiles = tl.arange(0, UNROLL)
@@ -560,8 +570,8 @@ def _residual_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, sums_r, sums_w,
             offs = start + tiles[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
             w, r = _residual_tile(row_ptr, q_row, offs, offs < hi, xj, T, mx, S, thr, HAS_Q)
             live = start + tiles * BLOCK < hi
-            tl.store(sums_r + start // BLOCK + tiles, tl.sum(r, 1), mask=live)
-            tl.store(sums_w + start // BLOCK + tiles, tl.sum(w, 1), mask=live)
+            tl.store(sums_r + start // BLOCK + tiles, tl.sum(r.to(tl.float64), 1), mask=live)
+            tl.store(sums_w + start // BLOCK + tiles, tl.sum(w.to(tl.float64), 1), mask=live)
 
 
 @triton.jit(do_not_specialize=["C", "CR"])
@@ -618,9 +628,9 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                                 HAS_Q, BLOCK, TILES, UNROLL)
         else:
             if T != 1.0:
-                v, j = _bonus_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos0 + n, BLOCK, TILES)
+                v, j = _plain_race_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos0 + n, BLOCK, TILES)
             else:
-                v, j = _bonus_chunk(row_ptr, lo, hi, None, mx, thr, seed, pos0 + n, BLOCK, TILES)
+                v, j = _plain_race_chunk(row_ptr, lo, hi, None, mx, thr, seed, pos0 + n, BLOCK, TILES)
             tl.store(rec_v + b * CR + c, v)
             tl.store(rec_i + b * CR + c, j)
 
@@ -632,7 +642,8 @@ def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, 
     """The last token of drafting request b, recovered after a rejection (``n < k_b``) or the
     bonus token (kernels.ref_sampling ``inverse_cdf`` / ``recover``): the tile sums' running
     total picks the tile that ``u`` times the total falls in, a running total over that one
-    tile (recomputed with the race kernel's ops) picks the entry."""
+    tile (recomputed with the race kernel's ops) picks the entry. Sums, totals and the target are
+    fp64, with a 52-bit ``u`` (``_uniform52``), as in the twin."""
     mx = tl.load(row_stat + b)
     S = tl.load(row_stat + nb + b)
     thr = tl.load(row_stat + 2 * nb + b)
@@ -642,7 +653,7 @@ def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, 
     sw = tl.load(tile_sums + (nb + b) * TP + i, mask=live, other=0.0)
     empty = tl.max(sr, 0) <= 0.0                     # no positive residual: fall back to p
     sums = tl.where(empty, sw, sr)
-    target = _uniform(seed, pos, 3, tl.full([], 0, tl.int32)) * tl.sum(sums, 0)
+    target = _uniform52(seed, pos, 3) * tl.sum(sums, 0)
     cum = tl.cumsum(sums, 0)
     # the first positive tile whose running total passes the target (not a count of totals at
     # or below it: the scan can leave a zero tile's total an ulp below the one before it)
@@ -655,7 +666,7 @@ def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, 
                           q_ptr + (c0 + n).to(tl.int64) * V, offs, offs < V, xj, T, mx, S, thr,
                           HAS_Q)
     x = tl.where(empty, w, r)
-    hit = (tl.cumsum(x, 0) > rem) & (x > 0.0)
+    hit = (tl.cumsum(x.to(tl.float64), 0) > rem) & (x > 0.0)
     first = tl.min(tl.where(hit, offs, BIG_IDX), 0)
     return tl.where(first == BIG_IDX, tl.max(tl.where(x > 0.0, offs, 0), 0), first)
 

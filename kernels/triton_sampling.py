@@ -186,15 +186,17 @@ class _Partials:
 
 
 class _RaceOutputs:
-    """What final_race_kernel leaves for finalize_kernel, per request: the bonus race's best
-    (score, index) per chunk, the accepted count, the raced row's (max, sum, threshold) and the
-    recovery's tile sums [2, requests, TP] (residual, weights). One float and one int
-    allocation, split into views that each start 16-byte aligned (see _Partials)."""
+    """What final_race_kernel leaves for finalize_kernel, per request: a plain row's race best
+    (score, index) per chunk, the accepted count, the deciding row's (max, sum, threshold) and
+    the inverse-CDF search's tile sums [2, requests, TP] (residual or bonus weights, weights;
+    fp64). One float, one double and one int allocation, split into views that each start
+    16-byte aligned (see _Partials)."""
 
     def __init__(self, reqs: int, race_chunks: int, tiles_pad: int, device: torch.device):
         nc, ns = _pad4(reqs * race_chunks), _pad4(3 * reqs)
-        f32 = torch.empty(nc + ns + 2 * reqs * tiles_pad, device=device, dtype=torch.float32)
-        self.rec_v, self.row_stat, self.tile_sums = f32.split([nc, ns, 2 * reqs * tiles_pad])
+        f32 = torch.empty(nc + ns, device=device, dtype=torch.float32)
+        self.rec_v, self.row_stat = f32.split([nc, ns])
+        self.tile_sums = torch.empty(2 * reqs * tiles_pad, device=device, dtype=torch.float64)
         self.rec_i, self.n_acc = torch.empty(nc + reqs, device=device,
                                              dtype=torch.int32).split([nc, reqs])
 
@@ -342,8 +344,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
 
 def _representative_rows(vocab: int, max_rows: int, device: torch.device) -> list[int]:
     """Row counts that reach every compiled variant: each launch plan's loop bound (TILES is a
-    compile-time constant; the chunk and row counts are not specialised and the partials' width
-    is fixed per vocabulary), each with a count of 1, a multiple of 16 and anything else (cheap
+    compile-time constant, and the partials' width follows it; the chunk and row counts are not
+    specialised), each with a count of 1, a multiple of 16 and anything else (cheap
     insurance against a specialised integer argument)."""
     seen: dict[tuple[int, int], int] = {}
     for r in range(1, max(1, max_rows) + 1):

@@ -1,5 +1,6 @@
-"""Plot plain sampling (k = 0) before / after Tuning.last_row_race from a log of
-scripts/gpu_last_row_race.sh: for each batch, the tuning the sampler picks for B rows
+"""Plot plain sampling (k = 0) before / after Tuning.last_row_race (now Tuning.plain_row_race;
+its label ``no_plain_row_race`` reads as ``last_row_race=-1``) from a log of the removed
+scripts/gpu_last_row_race.sh or of scripts/gpu_gemv_device_table.sh on an H100: for each batch, the tuning the sampler picks for B rows
 (NARROW under 128 rows, DEFAULT from 128), with the bonus race where it was and in the row pass.
 
     python scripts/plot_last_row_race.py LOG OUT.png
@@ -30,7 +31,7 @@ def main(log: str, out: str) -> None:
     times = parse(log)
     batches = sorted({b for b, k, _ in times if k == 0})
     # (before, after) labels of the tuning the sampler runs at B rows (WIDE_ROWS = 128)
-    pick = {b: ("legacy", "narrow") if b < 128 else ("last_row_race=-1", "default") for b in batches}
+    pick = {b: ("legacy", "narrow") if b < 128 else (("last_row_race=-1" if (b, 0, "last_row_race=-1") in times else "no_plain_row_race"), "default") for b in batches}
     before = [statistics.median(times[(b, 0, pick[b][0])]) for b in batches]
     after = [statistics.median(times[(b, 0, pick[b][1])]) for b in batches]
     fig, ax = plt.subplots(figsize=(6.5, 3.8))

@@ -29,7 +29,7 @@ from specserve.kernels import ref_sampling as R  # noqa: E402
 from specserve.kernels import triton_sampling as TS  # noqa: E402
 
 try:
-    from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
+    from tests.kernels.philox_probes import uniform52_kernel, uniform_kernel, uniform_tile_kernel
     from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     from tests.kernels.test_ref_sampling_stats import CASES, check_verification
 except ImportError:  # rootdir-less runs
@@ -37,7 +37,7 @@ except ImportError:  # rootdir-less runs
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
+    from tests.kernels.philox_probes import uniform52_kernel, uniform_kernel, uniform_tile_kernel
     from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     from tests.kernels.test_ref_sampling_stats import CASES, check_verification
 
@@ -59,6 +59,16 @@ def test_uniform_bit_identical_on_gpu() -> None:
     uniform_kernel[(5, 4)](seeds, pos, out, V=v, BLOCK_V=8192)
     for stream in range(4):
         assert torch.equal(out[:, stream], P.uniform(seeds, pos, stream, torch.arange(v, device=DEV)))
+
+
+def test_uniform52_bit_identical_on_gpu() -> None:
+    """The inverse-CDF draw's fp64 number (52 bits from two Philox words)."""
+    seeds = torch.tensor([0, -1, 2**63 - 1, -(2**63), 12345], device=DEV)
+    pos = torch.tensor([0, 7, 2**33, 5, 99], device=DEV)
+    out = torch.empty(5, 4, dtype=torch.float64, device=DEV)
+    uniform52_kernel[(5, 4)](seeds, pos, out)
+    for stream in range(4):
+        assert torch.equal(out[:, stream], P.uniform52(seeds, pos, stream))
 
 
 def test_uniform_tile_bit_identical_on_gpu() -> None:

@@ -31,3 +31,12 @@ def uniform_tile_kernel(seed_ptr, pos_ptr, out_ptr, V: tl.constexpr, BLOCK: tl.c
         offs = start + tl.arange(0, BLOCK)
         u = K._uniform_tile(seed, pos, stream, start, BLOCK)
         tl.store(out_ptr + (row * 4 + stream) * V + offs, u, mask=offs < V)
+
+
+@triton.jit
+def uniform52_kernel(seed_ptr, pos_ptr, out_ptr):
+    """out[row, stream] = uniform52(seed, pos, stream): the inverse-CDF draw's fp64 number."""
+    row = tl.program_id(0)
+    stream = tl.program_id(1)
+    u = K._uniform52(tl.load(seed_ptr + row), tl.load(pos_ptr + row), stream)
+    tl.store(out_ptr + row * 4 + stream, u)

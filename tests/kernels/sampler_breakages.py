@@ -48,9 +48,9 @@ BREAKAGES = {b.name: b for b in [
         ref=(("    return torch.clamp(weights - mass * q, min=0.0)\n",
               "    r = torch.clamp(weights - mass * q, min=0.0)\n"
               "    r[:, r.shape[1] // 3: 2 * r.shape[1] // 3] = 0.0\n    return r\n"),),
-        triton_kernels=(("tl.store(sums_r + start // BLOCK + tiles, tl.sum(r, 1), mask=live)",
+        triton_kernels=(("tl.store(sums_r + start // BLOCK + tiles, tl.sum(r.to(tl.float64), 1), mask=live)",
                          "tl.store(sums_r + start // BLOCK + tiles, tl.where((start // BLOCK + tiles)"
-                         " % 3 == 1, 0.0, tl.sum(r, 1)), mask=live)"),)),
+                         " % 3 == 1, 0.0, tl.sum(r.to(tl.float64), 1)), mask=live)"),)),
     Breakage(
         "bf16_q", "the draft probabilities are read in bf16",
         ref=(("torch.cat([draft_probs.to(torch.float32),",
@@ -76,13 +76,15 @@ BREAKAGES = {b.name: b for b in [
     Breakage(
         "bonus_reuses_accept_draw", "the bonus token is drawn with the last draft's accept "
         "number, which its acceptance conditions (the bonus must take a number of its own)",
-        ref=(("            u = uniform(seeds[rows], pos[rows], RECOVER, zero).squeeze(1)",
-              "            u = uniform(seeds[rows], pos[rows] - 1, ACCEPT, zero).squeeze(1)"),
-             ("    u = uniform(seeds, pos, RECOVER, zero).squeeze(1)\n    return torch.where(k > 0,",
-              "    u = uniform(seeds, pos - 1, ACCEPT, zero).squeeze(1)\n    return torch.where(k > 0,")),
-        triton_kernels=(("    target = _uniform(seed, pos, 3, tl.full([], 0, tl.int32)) * tl.sum(sums, 0)",
-                         "    target = _uniform(seed, tl.where(n < k_b, pos, pos - 1), "
-                         "tl.where(n < k_b, 3, 2), tl.full([], 0, tl.int32)) * tl.sum(sums, 0)"),)),
+        ref=(("            u = uniform52(seeds[rows], pos[rows], RECOVER)",
+              "            u = uniform(seeds[rows], pos[rows] - 1, ACCEPT, torch.zeros(1, dtype="
+              "torch.int64)).squeeze(1).double()"),
+             ("    u = uniform52(seeds, pos, RECOVER)\n    return torch.where(k > 0,",
+              "    u = uniform(seeds, pos - 1, ACCEPT, torch.zeros(1, dtype=torch.int64, "
+              "device=seeds.device)).squeeze(1).double()\n    return torch.where(k > 0,")),
+        triton_kernels=(("    target = _uniform52(seed, pos, 3) * tl.sum(sums, 0)",
+                         "    target = tl.where(n < k_b, _uniform52(seed, pos, 3), _uniform(seed, pos - 1, 2, "
+                         "tl.full([], 0, tl.int32)).to(tl.float64)) * tl.sum(sums, 0)"),)),
 ]}
 
 

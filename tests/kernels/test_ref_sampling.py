@@ -137,10 +137,9 @@ def test_certain_accept_when_q_equals_p() -> None:
                              p[:k].repeat(n, 1), *param_tensors([params] * n), seeds,
                              torch.zeros(n, dtype=torch.int64), "probabilistic")
     assert torch.equal(out[:, :k], drafts.view(n, k))
-    # the bonus token: the inverse CDF of the bonus row's p with U(RECOVER, 0) at position k
+    # the bonus token: the inverse CDF of the bonus row's p with uniform52(RECOVER) at position k
     w = R.row_distribution(z[k:], *param_tensors([params])).weights.repeat(n, 1)
-    u = P.uniform(seeds, torch.full((n,), k), P.RECOVER, torch.zeros(1, dtype=torch.int64))
-    bonus = R.inverse_cdf(w, u.squeeze(1))
+    bonus = R.inverse_cdf(w, P.uniform52(seeds, torch.full((n,), k), P.RECOVER))
     assert torch.equal(out[:, k], bonus) and len(set(bonus.tolist())) > 3
 
 
@@ -284,6 +283,32 @@ def test_inverse_cdf_over_several_tiles_follows_the_weights() -> None:
     got = R.inverse_cdf(w.expand(3, v), edges)
     last = int(torch.nonzero(w).max())
     assert bool((w[got] > 0).all()) and int(got[2]) == last and int(got[0]) == int(torch.nonzero(w).min())
+
+
+def test_inverse_cdf_resolves_tokens_far_below_a_23_bit_step() -> None:
+    """Tail tokens of probability ~1e-7 each (below 2**-23 ~ 1.2e-7) behind one heavy token, in
+    the second tile: a u at the middle of each tail token's interval (exact fp64 arithmetic)
+    draws that token, for every one of them. fp32 sums cannot: 1 + 1e-7 rounds by up to half
+    an fp32 step of 1.0, so the running totals merge and skip tail tokens (checked below), and
+    a 23-bit u has too few values to land in every such interval. The 52-bit u of uniform52
+    has steps of 2**-52."""
+    tail, v = 1500, R.RECOVER_TILE + 1500
+    w = torch.zeros(v)
+    w[R.RECOVER_TILE - 1] = 1.0                                  # the heavy token ends tile 0
+    w[R.RECOVER_TILE:] = 1e-7
+    w64 = w.double()
+    total = float(w64.sum())
+    start = torch.cumsum(w64, 0) - w64                           # exact interval starts
+    idx = torch.arange(R.RECOVER_TILE, v)
+    u = (start[idx] + w64[idx] / 2) / total
+    got = R.inverse_cdf(w.expand(tail, v), u)
+    assert torch.equal(got, idx)
+    fp32_hits = torch.searchsorted(torch.cumsum(w, 0), (u * total).float(), right=True)
+    assert fp32_hits.unique().numel() < tail, "the fp32 running total resolves them too"
+    u52 = P.uniform52(torch.arange(4000), torch.zeros(4000, dtype=torch.int64), P.RECOVER)
+    bits = u52 * 2.0 ** 52 - 0.5
+    assert torch.equal(bits, bits.round()) and bool(((bits % 2 ** 29) != 0).any())
+    assert 0 < float(u52.min()) and float(u52.max()) < 1
 
 
 def test_recovery_of_an_all_zero_residual_falls_back_to_p() -> None:

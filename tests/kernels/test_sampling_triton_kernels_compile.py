@@ -59,7 +59,7 @@ def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) ->
     sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
                drafts_ptr=PI64,
                q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
-               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums=P32)
+               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums="*fp64")
     _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
                                             KP=16, PARALLEL=parallel, UNROLL=unroll))
 
@@ -70,7 +70,7 @@ def test_finalize_and_draft_kernels_compile() -> None:
     sig = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
                temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
                part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
-               tile_sums=P32, out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
+               tile_sums="*fp64", out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
     for strict, has_q, last in ((False, True, False), (False, False, False), (True, False, False),
                                 (False, True, True)):
         _compile(K.finalize_kernel, sig, dict(V=V, STRICT=strict, HAS_Q=has_q, CP=32, CRP=256,

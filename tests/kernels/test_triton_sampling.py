@@ -51,10 +51,10 @@ else:
     from specserve.kernels import triton_sampling as TS
 
     try:
-        from tests.kernels.philox_probes import uniform_kernel, uniform_tile_kernel
+        from tests.kernels.philox_probes import uniform52_kernel, uniform_kernel, uniform_tile_kernel
         from tests.kernels.sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
     except ImportError:  # rootdir-less runs of this directory
-        from philox_probes import uniform_kernel, uniform_tile_kernel
+        from philox_probes import uniform52_kernel, uniform_kernel, uniform_tile_kernel
         from sampling_cases import GREEDY, PARAM_SETS, make_verify_case, param_tensors
 
     BLOCK, CHUNK = 64, 128          # 3 chunks of 2 tiles for V = 300
@@ -69,6 +69,14 @@ else:
         for stream in range(4):
             want = P.uniform(seeds, pos, stream, torch.arange(v))
             assert torch.equal(out[:, stream], want), stream
+
+    def test_uniform52_bit_identical() -> None:
+        seeds = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 2**62 + 12345, 987654321])
+        pos = torch.tensor([0, 5, 7, 2**31 + 3, 1000, 2**40, 3])
+        out = torch.empty(len(seeds), 4, dtype=torch.float64)
+        uniform52_kernel[(len(seeds), 4)](seeds, pos, out)
+        for stream in range(4):
+            assert torch.equal(out[:, stream], P.uniform52(seeds, pos, stream)), stream
 
     @triton.jit
     def _words_kernel(key_ptr, out_ptr, N: tl.constexpr):
@@ -191,9 +199,8 @@ else:
         """Tuning.plain_row_race moves plain sampling's race (no request has drafts) from the
         final race kernel into the row pass; the race, its random numbers and its tokens stay
         the same, and the final race kernel is not launched (unfiltered rows at T == 1 and
-        T != 1, top-k, top-p, min-p and greedy rows). A batch with drafts never races its
-        drafting requests' last rows (inverse CDF, also for the bonus row): the flag leaves
-        it alone, requests without drafts in it included."""
+        T != 1, top-k, top-p, min-p and greedy rows). A batch with drafts never races in the
+        row pass (its drafting requests' last tokens come by inverse CDF, the bonus too)."""
         from dataclasses import replace
 
         plain_params = PARAMS + UNFILTERED_T
@@ -214,17 +221,27 @@ else:
                                       tuning=replace(base, plain_row_race=True))
             assert torch.equal(got, want), f"\n{got}\n{want}"
         monkeypatch.undo()
-        for flag in (False, True):
-            got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK,
-                                      tuning=replace(base, plain_row_race=flag))
-            assert torch.equal(got, want_drafts), f"plain_row_race={flag}\n{got}\n{want_drafts}"
+        assert not replace(base, plain_row_race=True).races_in_row_pass(max(KS))
+        got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK, tuning=base)
+        assert torch.equal(got, want_drafts), f"\n{got}\n{want_drafts}"
+
+    def test_partials_width_covers_every_plan_with_its_loop_bound() -> None:
+        """_chunks_pad's bound (a plan's chunks hold more than tiles // 2 tiles each) over every
+        chunk length a plan can take, explicit ones included: the width, a function of the
+        plan's compiled loop bound, covers its chunk count."""
+        for vocab in (300, 1000, 32_000, 151_936):
+            for block in (64, 512, 1024, 2048):
+                tiles_row = triton.cdiv(vocab, block)
+                for per in range(1, tiles_row + 1):
+                    pl = TS.Plan(block, per * block, triton.cdiv(vocab, per * block), 4)
+                    assert pl.num_chunks <= TS._chunks_pad(vocab, pl), (vocab, block, per)
 
     class _NoLaunch:
         """Stands in for a kernel that must not be launched: any launch fails the test."""
 
         def __getitem__(self, grid):
             raise AssertionError(f"final_race_kernel launched (grid {grid}) for plain sampling "
-                                 "with the bonus raced in the row pass")
+                                 "with plain rows raced in the row pass")
 
     def test_greedy_drafts_masked_vocabulary_and_wide_output() -> None:
         case = make_verify_case([2, 0, 5], [PARAM_SETS["t1"], PARAM_SETS["t0.8_all"], GREEDY],
