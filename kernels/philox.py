@@ -6,7 +6,7 @@ in the open interval (0, 1):
 * ``seed``: the request's int64 seed; ``position``: the index of the generated token in the
   request's output (0 = first generated token); ``stream``: one of :data:`SAMPLE`,
   :data:`DRAFT`, :data:`ACCEPT`, :data:`RECOVER`; ``index``: the vocabulary index (0 for the
-  accept draw and the recovery's one number).
+  accept draw; the inverse-CDF draw uses words 0 and 1 of counter 0, :func:`uniform52`).
 * Key mix (defined here, once). With ``c = (4 * position + stream) mod 2**32``::
 
       k0 = lo32(seed) ^ (c * 0x9E3779B1 mod 2**32)
@@ -17,8 +17,8 @@ in the open interval (0, 1):
 * Generator: Philox4x32-10 exactly as Triton's ``tl.randint4x(key, counter)`` runs it, with the
   64-bit key ``(k1 << 32) | k0``. Index ``i`` uses output word ``i % 4`` of the counter
   ``(i // 4, 0, 0, 0)`` (int32 ``i // 4``): one Philox call yields four consecutive indices, so
-  a vocabulary of V entries costs V / 4 calls. Index 0 (the accept draw, the recovery's number)
-  is word 0 of counter 0, which is also what ``tl.randint(key, 0)`` returns.
+  a vocabulary of V entries costs V / 4 calls. Index 0 (the accept draw) is word 0 of counter 0,
+  which is also what ``tl.randint(key, 0)`` returns.
 * Uniform: ``u = ((r >> 9) + 0.5) * 2**-23`` (all exact in fp32), so ``2**-24 <= u <= 1 - 2**-24``:
   strictly inside (0, 1), which keeps ``-log(u)`` finite and positive. (``tl.rand`` itself maps
   to [0, 1) and can return 0, so we do not use its float conversion.)

@@ -61,7 +61,7 @@ from specserve.kernels.philox import (
 
 _RACE_CHUNK_ELEMS = 1 << 20  # rows are raced in blocks of at most this many random numbers
 RECOVER_TILE = 1024  # the inverse-CDF search's first level (the Triton twin tiles by its BLOCK:
-                     # the tiling changes only the order of fp32 additions)
+                     # the tiling changes only the order of fp64 additions)
 
 
 class RowDist(NamedTuple):

@@ -37,8 +37,9 @@ and a program picks one copy by its row's T.
 Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races
 draw a tile of BLOCK indices with BLOCK / 4 Philox calls (``_uniform_tile``: index 4c + w is
 word w of counter c; the words are interleaved with tl.join / tl.reshape, which costs a few
-layout conversions through shared memory per tile); the accept draw (and the recovery's) is
-index 0, word 0 of counter 0.
+layout conversions through shared memory per tile); the accept draw is index 0, word 0 of
+counter 0; the inverse-CDF draw (a recovery or a bonus token) takes 52 bits from words 0 and 1
+of counter 0 (``_uniform52``).
 """
 
 from __future__ import annotations
@@ -570,8 +571,13 @@ def _residual_chunk(row_ptr, q_row, lo, hi, xj, T, mx, S, thr, sums_r, sums_w,
             offs = start + tiles[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
             w, r = _residual_tile(row_ptr, q_row, offs, offs < hi, xj, T, mx, S, thr, HAS_Q)
             live = start + tiles * BLOCK < hi
-            tl.store(sums_r + start // BLOCK + tiles, tl.sum(r.to(tl.float64), 1), mask=live)
-            tl.store(sums_w + start // BLOCK + tiles, tl.sum(w.to(tl.float64), 1), mask=live)
+            rs = tl.sum(r.to(tl.float64), 1)
+            if xj < 0:   # a bonus row: r == w (one fp64 conversion per entry, not two: sm_90
+                ws = rs  # converts 16 a clock per SM, about the rate a bf16 row streams at)
+            else:
+                ws = tl.sum(w.to(tl.float64), 1)
+            tl.store(sums_r + start // BLOCK + tiles, rs, mask=live)
+            tl.store(sums_w + start // BLOCK + tiles, ws, mask=live)
 
 
 @triton.jit(do_not_specialize=["C", "CR"])

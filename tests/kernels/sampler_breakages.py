@@ -48,9 +48,9 @@ BREAKAGES = {b.name: b for b in [
         ref=(("    return torch.clamp(weights - mass * q, min=0.0)\n",
               "    r = torch.clamp(weights - mass * q, min=0.0)\n"
               "    r[:, r.shape[1] // 3: 2 * r.shape[1] // 3] = 0.0\n    return r\n"),),
-        triton_kernels=(("tl.store(sums_r + start // BLOCK + tiles, tl.sum(r.to(tl.float64), 1), mask=live)",
+        triton_kernels=(("tl.store(sums_r + start // BLOCK + tiles, rs, mask=live)",
                          "tl.store(sums_r + start // BLOCK + tiles, tl.where((start // BLOCK + tiles)"
-                         " % 3 == 1, 0.0, tl.sum(r.to(tl.float64), 1)), mask=live)"),)),
+                         " % 3 == 1, 0.0, rs), mask=live)"),)),
     Breakage(
         "bf16_q", "the draft probabilities are read in bf16",
         ref=(("torch.cat([draft_probs.to(torch.float32),",

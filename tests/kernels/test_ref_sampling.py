@@ -286,29 +286,45 @@ def test_inverse_cdf_over_several_tiles_follows_the_weights() -> None:
 
 
 def test_inverse_cdf_resolves_tokens_far_below_a_23_bit_step() -> None:
-    """Tail tokens of probability ~1e-7 each (below 2**-23 ~ 1.2e-7) behind one heavy token, in
-    the second tile: a u at the middle of each tail token's interval (exact fp64 arithmetic)
-    draws that token, for every one of them. fp32 sums cannot: 1 + 1e-7 rounds by up to half
-    an fp32 step of 1.0, so the running totals merge and skip tail tokens (checked below), and
-    a 23-bit u has too few values to land in every such interval. The 52-bit u of uniform52
-    has steps of 2**-52."""
-    tail, v = 1500, R.RECOVER_TILE + 1500
+    """Tail tokens of probability ~1e-7 each (below 2**-23 ~ 1.2e-7) right after one heavy token
+    in the same tile: a u at the middle of each tail token's interval (exact fp64 arithmetic)
+    draws that token, for every one of them. With fp32 running totals (the search before
+    dac7aeb) 1 + 1e-7 rounds to a multiple of fp32's step of 1.2e-7 at 1.0, and most tail
+    tokens are skipped or swapped (checked below against that search, written out here); a
+    23-bit u also has too few values to land in every such interval. uniform52's u has 52
+    bits."""
+    tail = 1500
+    heavy = R.RECOVER_TILE - 300                                 # tail tokens share its tile
+    v = heavy + 1 + tail
     w = torch.zeros(v)
-    w[R.RECOVER_TILE - 1] = 1.0                                  # the heavy token ends tile 0
-    w[R.RECOVER_TILE:] = 1e-7
+    w[heavy] = 1.0
+    w[heavy + 1:] = 1e-7
     w64 = w.double()
-    total = float(w64.sum())
     start = torch.cumsum(w64, 0) - w64                           # exact interval starts
-    idx = torch.arange(R.RECOVER_TILE, v)
-    u = (start[idx] + w64[idx] / 2) / total
-    got = R.inverse_cdf(w.expand(tail, v), u)
-    assert torch.equal(got, idx)
-    fp32_hits = torch.searchsorted(torch.cumsum(w, 0), (u * total).float(), right=True)
-    assert fp32_hits.unique().numel() < tail, "the fp32 running total resolves them too"
+    idx = torch.arange(heavy + 1, v)
+    u = (start[idx] + w64[idx] / 2) / float(w64.sum())
+    assert torch.equal(R.inverse_cdf(w.expand(tail, v), u), idx)
+    assert int((_fp32_inverse_cdf(w.expand(tail, v), u) != idx).sum()) > tail // 2
     u52 = P.uniform52(torch.arange(4000), torch.zeros(4000, dtype=torch.int64), P.RECOVER)
     bits = u52 * 2.0 ** 52 - 0.5
     assert torch.equal(bits, bits.round()) and bool(((bits % 2 ** 29) != 0).any())
     assert 0 < float(u52.min()) and float(u52.max()) < 1
+
+
+def _fp32_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The two-level search as it was before dac7aeb: fp32 tile sums and running totals."""
+    n, v = weights.shape
+    tile = R.RECOVER_TILE
+    nt = -(-v // tile)
+    tiles = torch.nn.functional.pad(weights, (0, nt * tile - v)).view(n, nt, tile)
+    sums = tiles.sum(dim=2)
+    target = u.float() * sums.sum(dim=1)
+    cum = sums.cumsum(dim=1)
+    t = R._tile_of(sums, cum, target)
+    before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+    row = tiles[torch.arange(n), t]
+    hit = (row.cumsum(dim=1) > (target - before).unsqueeze(1)) & (row > 0)
+    return t * tile + R._first_or_last_positive(hit, row)
 
 
 def test_recovery_of_an_all_zero_residual_falls_back_to_p() -> None:

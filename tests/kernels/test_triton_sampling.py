@@ -17,6 +17,7 @@ the tile, several vocabulary chunks per row.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -303,6 +304,32 @@ else:
         case.q[0, x] = 0.0
         got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK)
         assert got[0, 1] == -1 and got[0, 0] >= 0
+
+    def test_recovery_resolves_a_tail_of_1e_7_tokens_like_the_twin() -> None:
+        """Rows of one heavy token followed, in the same tiles, by tail tokens of weight ~1e-7
+        (below a 23-bit step); each request's draft has p = 0, so it is rejected and the
+        recovery draws from the whole row. Seeds are picked so that uniform52 lands in the tail
+        (prob. ~6e-5 each): the kernels, with their own tiles, must emit the twin's exact
+        token, a tail token every time. An fp32 search misses most such tokens (the twin's
+        test, test_ref_sampling.py, shows that against the old search)."""
+        v, heavy, n = 600, 10, 6
+        z = torch.full((v,), math.log(1e-7))
+        z[heavy] = 0.0
+        z[3] = float("-inf")                                      # the draft: p = 0
+        tail_from = 1.0 / (1.0 + (v - heavy - 1) * 1e-7)          # u above this: a tail token
+        pool = torch.arange(2_000_000)
+        u = P.uniform52(pool, torch.zeros_like(pool), P.RECOVER)
+        seeds = pool[u > tail_from + 1e-9][:n]
+        assert seeds.numel() == n
+        logits = z.expand(2 * n, v).contiguous()                  # verification + bonus row each
+        cu = torch.arange(n + 1, dtype=torch.int32)
+        drafts = torch.full((n,), 3, dtype=torch.int64)
+        args = (logits, cu, drafts, None, *param_tensors([PARAM_SETS["t1"]] * n), seeds,
+                torch.zeros(n, dtype=torch.int64), "probabilistic")
+        want = R.rejection_sample(*args)
+        got = TS.rejection_sample(*args, block=BLOCK)
+        assert torch.equal(got, want), f"\n{got}\n{want}"
+        assert bool((want[:, 0] > heavy).all()) and bool((want[:, 1] == -1).all())
 
     @pytest.mark.parametrize("vocab,max_reqs,max_drafts", [(151_936, 256, 4), (151_936, 64, 8),
                                                            (4096, 64, 4), (32_000, 128, 5)])
