@@ -182,13 +182,12 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     n, v = weights.shape
     nt = -(-v // RECOVER_TILE)
     tiles = torch.nn.functional.pad(weights, (0, nt * RECOVER_TILE - v)).view(n, nt, RECOVER_TILE)
-    tiles = tiles.to(torch.float64)
-    sums = tiles.sum(dim=2)                                                  # [N, nt]
+    sums = tiles.sum(dim=2, dtype=torch.float64)                             # [N, nt]
     target = u.to(torch.float64) * sums.sum(dim=1)                           # [N]
     cum = sums.cumsum(dim=1)
     t = _tile_of(sums, cum, target)
     before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
-    tile = tiles[torch.arange(n, device=weights.device), t]                  # [N, TILE]
+    tile = tiles[torch.arange(n, device=weights.device), t].to(torch.float64)  # [N, TILE]
     hit = (tile.cumsum(dim=1) > (target - before).unsqueeze(1)) & (tile > 0)
     return t * RECOVER_TILE + _first_or_last_positive(hit, tile)
 
