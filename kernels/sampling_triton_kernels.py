@@ -521,8 +521,8 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
 def _plain_race_chunk(row_ptr, lo, hi, T, mx, thr, seed, pos, BLOCK: tl.constexpr,
                       TILES: tl.constexpr):
     """The race over [lo, hi) of the row of a request without drafts (stream SAMPLE, x-space, as
-    the row pass races):
-    (best score, index); tiles of a filtered row without a kept entry draw no random numbers."""
+    the row pass races): (best score, index); tiles of a filtered row without a kept entry draw
+    no random numbers."""
     best = tl.full([BLOCK], NEG_INF, tl.float32)
     idx = lo + tl.arange(0, BLOCK)
     for t in range(0, TILES):
