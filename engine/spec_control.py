@@ -1014,12 +1014,13 @@ class KController:
             self.steps_drafting = 0
             self.steps_at_zero += 1
             self.seconds_at_zero += seconds[0]
+            probe_cost = self._probe_step_cost(seconds, lag)
             if not self._probing_zero:
                 self._probe_share = self._probe_share_now(rows, seconds)
-                self._probe_cost = self.cost.catchup_seconds(lag) + max(0.0, seconds[1] - seconds[0])
+                self._probe_cost = probe_cost
                 self.probe_credit += self._probe_share * seconds[0]
             if self.steps_at_zero >= self.explore_every:
-                self._probe_waiting = not self._probe_affordable(seconds, lag)
+                self._probe_waiting = probe_cost > self.PROBE_BUDGET * self.seconds_at_zero
                 if not self._probe_waiting:
                     self.steps_at_zero, self.seconds_at_zero, best = 0, 0.0, 1
                     self.explore_every = min(2 * self.explore_every, self.EXPLORE_MAX)
@@ -1127,11 +1128,12 @@ class KController:
                                           self.HYSTERESIS)
         return min(self.probe_share_max, self.PROBE_GAIN_FACTOR * gain / sum(groups.values()))
 
-    def _probe_affordable(self, seconds: list[float], lag: int) -> bool:
-        """A probing step at k = 1 (its catch-up and its wider step; ``seconds`` are this batch's
-        step times by k) within PROBE_BUDGET of the time spent at k = 0 since the last probe."""
-        cost = self.cost.catchup_seconds(lag) + max(0.0, seconds[1] - seconds[0])
-        return cost <= self.PROBE_BUDGET * self.seconds_at_zero
+    def _probe_step_cost(self, seconds: list[float], lag: int) -> float:
+        """A probing step at k = 1 beyond a step at k = 0: its catch-up and its wider step
+        (``seconds`` are this batch's step times by k). A scheduled probe runs when this is
+        within PROBE_BUDGET of the time spent at k = 0 since the last probe; an evidence probe
+        when the credit covers it."""
+        return self.cost.catchup_seconds(lag) + max(0.0, seconds[1] - seconds[0])
 
     def _expected_tokens_by_k(self, rows: list[Row]) -> list[float]:
         """Sum over rows of E(min(k, budget)) (pinned rows: their pin) for every batch k.
