@@ -390,24 +390,16 @@ def _recovered(d: RowDist, sel: torch.Tensor, x: torch.Tensor, q: Optional[torch
     return recover(w, _residual(w, d.mass[sel], q_rows), uniform52(seeds, pos, RECOVER))
 
 
-def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor,
-           k: torch.Tensor) -> torch.Tensor:
-    """The last token at rows ``sel`` where every draft was accepted ([n] int64): for a request
-    with ``k`` > 0 drafts the inverse CDF of p with ``uniform52(RECOVER)``; without drafts
-    (plain sampling) the race over p with stream SAMPLE."""
-    if seeds.device.type == "cpu":   # a host read is free: each row draws only its own token
-        tok = torch.zeros_like(seeds)
-        rows = (k > 0).nonzero().squeeze(1)
-        if rows.numel():
-            u = uniform52(seeds[rows], pos[rows], RECOVER)
-            tok[rows] = inverse_cdf(d.weights[sel[rows]], u)
-        rows = (k == 0).nonzero().squeeze(1)
-        if rows.numel():
-            tok[rows] = race(_masked_x(d, sel[rows]), seeds[rows], pos[rows], SAMPLE)
-        return tok
-    u = uniform52(seeds, pos, RECOVER)
-    return torch.where(k > 0, inverse_cdf(d.weights[sel], u),
-                       race(_masked_x(d, sel), seeds, pos, SAMPLE))
+def _bonus(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The bonus token of drafting requests at rows ``sel`` (every draft accepted): the inverse
+    CDF of p with ``uniform52(RECOVER)`` ([n] int64)."""
+    return inverse_cdf(d.weights[sel], uniform52(seeds, pos, RECOVER))
+
+
+def _plain(d: RowDist, sel: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The token of requests without drafts at rows ``sel``: the race over p with stream
+    SAMPLE, as plain sampling draws it ([n] int64)."""
+    return race(_masked_x(d, sel), seeds, pos, SAMPLE)
 
 
 def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, sel: torch.Tensor,
@@ -421,17 +413,19 @@ def _final_tokens(method: str, d: RowDist, logits: torch.Tensor, lay: _Layout, s
         tok = sample_tok[sel]
     else:
         rejected = n_acc < lay.k
+        draws = ((rejected, lambda r: _recovered(d, sel[r], x, q, lay, seeds[r], pos[r])),
+                 (~rejected & (lay.k > 0), lambda r: _bonus(d, sel[r], seeds[r], pos[r])),
+                 (lay.k == 0, lambda r: _plain(d, sel[r], seeds[r], pos[r])))
         if logits.device.type == "cpu":   # a host read is free: each row draws only its own token
             tok = torch.zeros_like(n_acc)
-            rows = rejected.nonzero().squeeze(1)
-            if rows.numel():
-                tok[rows] = _recovered(d, sel[rows], x, q, lay, seeds[rows], pos[rows])
-            rows = (~rejected).nonzero().squeeze(1)
-            if rows.numel():
-                tok[rows] = _bonus(d, sel[rows], seeds[rows], pos[rows], lay.k[rows])
-        else:
-            tok = torch.where(rejected, _recovered(d, sel, x, q, lay, seeds, pos),
-                              _bonus(d, sel, seeds, pos, lay.k))
+            for which, draw in draws:
+                rows = which.nonzero().squeeze(1)
+                if rows.numel():
+                    tok[rows] = draw(rows)
+        else:                             # every row draws all three; each keeps its own
+            tok = torch.zeros_like(n_acc)
+            for which, draw in draws:
+                tok = torch.where(which, draw(slice(None)), tok)
     return torch.where(d.greedy[sel], greedy_tok, tok)
 
 

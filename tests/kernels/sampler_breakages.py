@@ -76,12 +76,9 @@ BREAKAGES = {b.name: b for b in [
     Breakage(
         "bonus_reuses_accept_draw", "the bonus token is drawn with the last draft's accept "
         "number, which its acceptance conditions (the bonus must take a number of its own)",
-        ref=(("            u = uniform52(seeds[rows], pos[rows], RECOVER)",
-              "            u = uniform(seeds[rows], pos[rows] - 1, ACCEPT, torch.zeros(1, dtype="
-              "torch.int64)).squeeze(1).double()"),
-             ("    u = uniform52(seeds, pos, RECOVER)\n    return torch.where(k > 0,",
-              "    u = uniform(seeds, pos - 1, ACCEPT, torch.zeros(1, dtype=torch.int64, "
-              "device=seeds.device)).squeeze(1).double()\n    return torch.where(k > 0,")),
+        ref=(("    return inverse_cdf(d.weights[sel], uniform52(seeds, pos, RECOVER))",
+              "    return inverse_cdf(d.weights[sel], uniform(seeds, pos - 1, ACCEPT, torch.zeros("
+              "1, dtype=torch.int64, device=seeds.device)).squeeze(1).double())"),),
         triton_kernels=(("    target = _uniform52(seed, pos, 3) * tl.sum(sums, 0)",
                          "    target = tl.where(n < k_b, _uniform52(seed, pos, 3), _uniform(seed, pos - 1, 2, "
                          "tl.full([], 0, tl.int32)).to(tl.float64)) * tl.sum(sums, 0)"),)),
