@@ -269,6 +269,7 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     d = TS.DEFAULT
     out = [("legacy", TS.LEGACY, 0), ("default", d, 0), ("narrow", TS.NARROW, 0)]
     out += [("no_plain_row_race", replace(d, plain_row_race=False), 1)]
+    out += [("pdl", replace(d, pdl=True), 1), ("no_pdl", replace(d, pdl=False), 1)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
@@ -365,7 +366,8 @@ def sweep(args: argparse.Namespace) -> dict:
     drafting = [k for k in args.ks if k > 0]
     for b in args.batch_sizes if drafting else []:   # the draft sampler's row pass shares the tiling knobs
         x = inputs[(b, drafting[0])]
-        for label, tuning in (("legacy", TS.LEGACY), ("default", TS.DEFAULT)):
+        for label, tuning in (("legacy", TS.LEGACY), ("default", TS.DEFAULT),
+                              ("legacy+pdl", dataclasses.replace(TS.LEGACY, pdl=True))):
             fn = lambda: TS.sample_draft(x["draft_logits"][:b], *x["params"], x["seeds"],  # noqa: E731
                                          x["positions"], True, tuning=tuning)
             ms = _graph_ms(fn, rep=5) if args.device == "cuda" else timer(fn)

@@ -47,6 +47,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from specserve.kernels.triton_pdl import after_producer
+
 NEG_INF = tl.constexpr(float("-inf"))
 BIG_IDX = tl.constexpr(2147483647)
 ONE_BITS_PLUS_1 = tl.constexpr(0x3F800001)  # one past the bits of 1.0, the largest exp(x - max)
@@ -382,7 +384,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LAST: tl.constexpr,
                     NB: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr,
                     SBLOCK: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
-                    SPLIT: tl.constexpr):
+                    SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """Grid [rows, C chunks]: chunk c covers [c * chunk, (c + 1) * chunk) of the vocabulary
     (chunk a multiple of BLOCK, at most TILES steps of UNROLL tiles: TILES bounds the loop at
     compile time). SPLIT: a greedy row computes only its argmax (its m, s are placeholders:
@@ -390,6 +392,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     partials of such rows; without SPLIT every unfiltered row computes both. RACE: every
     sampled row races; LAST: the row of each request without drafts races (plain sampling; the
     same race final_race_kernel would run on it)."""
+    after_producer(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, NB)
@@ -586,7 +589,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                       rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
                       HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
                       BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
-                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr):
+                      PARALLEL: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr = False):
     """Probabilistic verification, grid [requests, CR chunks]: count the accepted drafts (all
     tests at once with PARALLEL, else one draft after another), then, over this chunk, the
     first level of the last token's inverse-CDF search: per-tile sums into ``tile_sums``
@@ -594,6 +597,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
     row's weights (twice) when every draft was accepted. A request without drafts races its
     row instead (into ``rec_v`` / ``rec_i``). Chunk 0 stores the accepted count and the
     deciding row's max, sum and threshold (``row_stat`` [3, requests]) for finalize_kernel."""
+    after_producer(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1)
     nb = tl.num_programs(0)
@@ -683,12 +687,13 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
                     n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR, NTILES,
                     STRICT: tl.constexpr, HAS_Q: tl.constexpr, CP: tl.constexpr,
                     CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr, WP: tl.constexpr,
-                    LAST: tl.constexpr):
+                    LAST: tl.constexpr, PDL: tl.constexpr = False):
     """Grid [requests]: greedy / strict acceptance, or (probabilistic) a drafting request's
     recovered or bonus token (the second level of the inverse-CDF search) or a plain row's race
     winner (from the row pass's partials with LAST, else from final_race_kernel's); writes the
     padded output row. A request without drafts reads no accepted count (with LAST no request
     has drafts, and final_race_kernel is not launched)."""
+    after_producer(PDL)
     b = tl.program_id(0)
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
@@ -745,7 +750,8 @@ def _store_q(row_ptr, q_row, lo, hi, T, mx, S, thr, greedy, tok, BLOCK: tl.const
 def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr, part_m, part_s,
                         part_rv, part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
                         STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
-                        TILES: tl.constexpr):
+                        TILES: tl.constexpr, PDL: tl.constexpr = False):
+    after_producer(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1)
     T = tl.load(temp_ptr + b)

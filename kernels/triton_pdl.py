@@ -16,14 +16,18 @@ Released after the wait, at most one kernel waits ahead of the one running.
 Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 tokens in a CUDA
 graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft (hidden 1024) 1.05x /
 1.07x / 1.14x at 1 / 2 / 4 rows; the 1.7B-like (hidden 2048) 0.98x at one row and 1.05x at four;
-the 8B-like (4096) 0.97x and 1.03x. So PDL is used inside :func:`model_scope` of a model of
-hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count), and nowhere
-else; which kernels of the larger models lose at one row was not measured. The decision is the
-model's, not each kernel's: attention and the prologue have the same shapes in the 0.6B and the
-1.7B. Two variants lost and were dropped: each program prefetching its first weight lines to L2
-before the wait (0.6B: 1.00-1.01x at one row, 0.94x at two, with 16 or 48 MB of prefetch), and
-the release before the wait, which lets every waiting kernel release the next one too
-(0.75-0.78x at one row).
+the 8B-like (4096) 0.97x and 1.03x. So a model's kernels use PDL inside :func:`model_scope` of
+a model of hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count); which
+kernels of the larger models lose at one row was not measured. The decision is the model's,
+not each kernel's: attention and the prologue have the same shapes in the 0.6B and the 1.7B.
+The only other user is the rejection sampler's wide tuning (kernels/triton_sampling.py
+``Tuning.pdl``; it asks :func:`usable`). Three variants lost and were dropped: each program
+prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x at one row, 0.94x
+at two, with 16 or 48 MB of prefetch); the release before the wait, which lets every waiting
+kernel release the next one too (0.75-0.78x at one row); and, on an H200 (2026-11-28,
+docs/bench-h200/l2-ahead), each GEMV asking with ``cp.async.bulk.prefetch.L2`` for the weight
+one, two or four projections later before its wait (0.90-0.93x at one row, 0.83-0.96x at four):
+the draft's layers do not wait on cold weight bytes.
 
 Every kernel that reads or writes memory after a PDL kernel's release must be launched after
 the wait of that kernel returns: a kernel launched without the attribute waits for the whole of
@@ -79,10 +83,15 @@ def model_scope(hidden_size: int) -> Iterator[None]:
         _model_hidden = saved
 
 
+def usable(x: torch.Tensor) -> bool:
+    """Whether a launch on ``x``'s device may use PDL at all: switched on, a GPU that has it,
+    not the interpreter. A kernel family outside a model (the sampler) decides for itself."""
+    return _enabled and not interpreting() and x.is_cuda and _supported(x.device)
+
+
 def active(x: torch.Tensor) -> bool:
-    """Whether a launch on ``x``'s device uses PDL now."""
-    return (_enabled and _model_hidden is not None and _model_hidden <= MAX_HIDDEN
-            and not interpreting() and x.is_cuda and _supported(x.device))
+    """Whether a model's launch on ``x``'s device uses PDL now (inside a small model's scope)."""
+    return _model_hidden is not None and _model_hidden <= MAX_HIDDEN and usable(x)
 
 
 def launch_options(pdl: bool) -> dict:

@@ -34,6 +34,7 @@ import torch
 import triton
 
 from specserve.kernels import sampling_triton_kernels as K
+from specserve.kernels import triton_pdl
 from specserve.kernels.philox import DRAFT, SAMPLE, draft_stream
 from specserve.kernels.ref_sampling import _max_drafts
 
@@ -60,6 +61,9 @@ class Tuning:
     * ``plain_row_race``: plain sampling (no request has drafts) races each row in the row
       pass: one pass over each row and no final race kernel. Without it the final race kernel
       reads each row again and races it there: the same random numbers and tokens.
+    * ``pdl``: each kernel of the call is launched while the one before it runs and waits for
+      it before its first load (programmatic dependent launch, kernels/triton_pdl.py; only on
+      a GPU that has it): the boundaries between the passes cost no launch and no drain.
     """
 
     block: int = 1024
@@ -72,6 +76,7 @@ class Tuning:
     parallel_accept: bool = True
     recover_unroll: int = 4
     plain_row_race: bool = True
+    pdl: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -87,7 +92,11 @@ class Tuning:
         return self.plain_row_race and max_drafts == 0
 
 
-DEFAULT = Tuning()
+# PDL: measured on an H200 (2026-11-28, `--sweep --only default,pdl`, three runs, medians) it
+# took 0.96x / 0.97x / 0.99x the time at B = 64, k = 3 / 5 / 8 and 0.99x at B = 256, where the
+# passes are long and a boundary's drain shows; at B = 1, k = 3 it cost 3 us more (12 -> 15 us)
+# and draft sampling lost at B >= 8 (1.1-1.2x), so only the wide verification tuning has it.
+DEFAULT = Tuning(pdl=True)
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
                 plain_row_race=False)
@@ -221,7 +230,7 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
               stream: int, has_cu: bool, race: bool, split: bool,
-              last: bool = False) -> _Partials:
+              last: bool = False, pdl: bool = False) -> _Partials:
     rows, vocab = logits.shape
     part = _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
@@ -229,7 +238,8 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
         HAS_CU=has_cu, RACE=race, LAST=last, NB=1 << max(9, num_reqs.bit_length()),
         BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.steps,
-        UNROLL=pl.unroll, SPLIT=split, num_warps=pl.num_warps)
+        UNROLL=pl.unroll, SPLIT=split, PDL=pdl, num_warps=pl.num_warps,
+        **triton_pdl.launch_options(pdl))
     return part
 
 
@@ -276,14 +286,15 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     tuning = tuning or DRAFT_TUNING
     pl = plan(vocab, b, dev, block, chunk, tuning)
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
+    pdl = tuning.pdl and triton_pdl.usable(logits)
     part = _row_pass(logits, pl, tokens, b, params, stream, has_cu=False, race=True,
-                     split=tuning.split)
+                     split=tuning.split, pdl=pdl)
     grid = (b, pl.num_chunks if store_probs else 1)
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
         part.rv, part.ri, part.gv, part.gi, part.thr, tokens, q if store_probs else tokens,
         STORE=store_probs, CP=_chunks_pad(vocab, pl), BLOCK=pl.block,
-        TILES=pl.tiles, num_warps=pl.num_warps)
+        TILES=pl.tiles, PDL=pdl, num_warps=pl.num_warps, **triton_pdl.launch_options(pdl))
     return tokens, q
 
 
@@ -318,13 +329,17 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     strict = method == "strict"
     # plain sampling raced in the row pass (the same tokens; Tuning.plain_row_race)
     last = not strict and tuning.races_in_row_pass(width - 1)
+    has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
+    # any conversion launches before the row pass: the sampler's kernels then follow each
+    # other directly (with Tuning.pdl, each launched while the one before runs)
+    q = draft_probs.to(torch.float32).contiguous() if has_q else None
+    pdl = tuning.pdl and triton_pdl.usable(logits)
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
-                     split=tuning.split, last=last)
+                     split=tuning.split, last=last, pdl=pdl)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
-    has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
-    q = draft_probs.to(torch.float32).contiguous() if has_q else part.m
+    q = q if has_q else part.m    # (unread without HAS_Q)
     if not strict and not last:   # plain sampling raced in the row pass: nothing to do
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
@@ -332,13 +347,15 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
             race.rec_i, race.n_acc, race.row_stat, race.tile_sums,
             HAS_Q=has_q, CP=cp, TP=tp, BLOCK=pr.block, TILES=pr.tiles,
             KP=triton.next_power_of_2(width), PARALLEL=tuning.parallel_accept,
-            UNROLL=min(tuning.recover_unroll, pr.tiles), num_warps=pr.num_warps)
+            UNROLL=min(tuning.recover_unroll, pr.tiles), PDL=pdl, num_warps=pr.num_warps,
+            **triton_pdl.launch_options(pdl))
     K.finalize_kernel[(num_reqs,)](
         logits, logits.stride(0), vocab, cu, drafts, q, params[0], params[4], params[5],
         part.rv, part.ri, part.gv, part.gi, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
         race.tile_sums, out, width, pl.num_chunks, pr.num_chunks, triton.cdiv(vocab, pr.block),
         STRICT=strict, HAS_Q=has_q, CP=cp, CRP=_chunks_pad(vocab, pr), TP=tp, BLOCK=pr.block,
-        WP=triton.next_power_of_2(width), LAST=last, num_warps=FINALIZE_WARPS)
+        WP=triton.next_power_of_2(width), LAST=last, PDL=pdl, num_warps=FINALIZE_WARPS,
+        **triton_pdl.launch_options(pdl))
     return out
 
 

@@ -152,3 +152,48 @@ def test_cuda_graph_capture_without_host_sync() -> None:
         eager = step()
         for s, e in zip(static, eager):
             assert torch.equal(s, e)
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] < 9, reason="PDL needs compute capability 9.0")
+@pytest.mark.parametrize("b,k", [(8, 3), (64, 5)])
+def test_pdl_launches_give_the_same_tokens_over_graph_replays(b: int, k: int) -> None:
+    """Tuning.pdl: each sampler kernel launched while the one before it runs gives, over CUDA
+    graph replays whose logits a kernel inside the graph rewrites every time, the tokens and q
+    of the same calls launched one after the other, bit for bit. A kernel that read before its
+    wait would read the last replay's partials in some replay."""
+    from dataclasses import replace
+
+    case = make_verify_case([k - i % 2 for i in range(b)], _params(b), vocab=VOCAB, seed=b + k,
+                            dtype=torch.bfloat16, noise=0.2, scale=3.0, device=DEV)
+    case.cu = case.cu.to(DEV)
+    base_target, base_draft = case.target_logits.clone(), case.target_logits[:b].clone()
+    scale = torch.ones(1, device=DEV, dtype=torch.bfloat16)
+    args = list(case.args("probabilistic"))
+    dargs = (case.temperature, case.top_k, case.top_p, case.min_p, case.seeds, case.positions)
+    verify = replace(TS.verification_tuning(case.target_logits.shape[0]), pdl=True)
+    draft = replace(TS.DRAFT_TUNING, pdl=True)
+
+    def step(with_pdl: bool):
+        target = base_target * scale           # written by a kernel inside the graph
+        args[0] = target
+        tok, q = TS.sample_draft(base_draft * scale, *dargs, True,
+                                 tuning=draft if with_pdl else replace(draft, pdl=False))
+        out = TS.rejection_sample(*args, max_num_draft_tokens=k,
+                                  tuning=verify if with_pdl else replace(verify, pdl=False))
+        return tok, q, out
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step(True)
+    for trial in range(6):
+        scale.fill_(1.0 + 0.25 * trial)
+        case.seeds.add_(7 + trial)
+        graph.replay()
+        plain = step(False)
+        for s, p in zip(static, plain):
+            assert torch.equal(s, p), f"replay {trial}: PDL launches differ from plain ones"

@@ -80,3 +80,51 @@ def test_finalize_and_draft_kernels_compile() -> None:
                part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
                tok_ptr=PI64, q_ptr=P32)
     _compile(K.draft_finish_kernel, sig, dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8))
+
+
+def _first(ptx: str, *needles: str) -> int:
+    """Index of the first line of ``ptx`` holding any of ``needles`` (len(lines) if none)."""
+    lines = ptx.splitlines()
+    return next((i for i, line in enumerate(lines) if any(n in line for n in needles)), len(lines))
+
+
+@pytest.mark.parametrize("kernel", ["row_pass", "final_race", "finalize", "draft_finish"])
+def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) -> None:
+    """Tuning.pdl launches a kernel while the one before it runs: its first global load or store
+    must come after griddepcontrol.wait (else it may read what that kernel has not written yet),
+    and the release of the next kernel after the wait too. Without PDL neither instruction."""
+    from specserve.kernels import sampling_triton_kernels as K
+
+    fin_sig = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
+                   temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
+                   part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32,
+                   row_stat=P32, tile_sums="*fp64", out_ptr=PI64, W="i32", C="i32", CR="i32",
+                   NTILES="i32")
+    cases = {
+        "row_pass": (K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=True, RACE=False, LAST=False,
+                                                      NB=512, BLOCK=1024, NT=16, SBLOCK=256,
+                                                      TILES=32, UNROLL=4, SPLIT=True)),
+        "final_race": (K.final_race_kernel, dict(
+            logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
+            drafts_ptr=PI64, q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32,
+            part_s=P32, row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
+            tile_sums="*fp64"), dict(V=V, HAS_Q=True, CP=32, TP=256, BLOCK=1024, TILES=32, KP=4,
+                                     PARALLEL=True, UNROLL=4)),
+        "finalize": (K.finalize_kernel, fin_sig, dict(V=V, STRICT=False, HAS_Q=True, CP=32,
+                                                      CRP=256, TP=256, BLOCK=1024, WP=4,
+                                                      LAST=False)),
+        "draft_finish": (K.draft_finish_kernel, dict(
+            logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
+            part_s=P32, part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
+            tok_ptr=PI64, q_ptr=P32), dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8)),
+    }
+    fn, sig, consts = cases[kernel]
+    plain = _compile(fn, sig, dict(consts, PDL=False)).asm["ptx"]
+    assert "griddepcontrol" not in plain
+    ptx = _compile(fn, sig, dict(consts, PDL=True)).asm["ptx"]
+    wait = _first(ptx, "griddepcontrol.wait")
+    release = _first(ptx, "griddepcontrol.launch_dependents")
+    access = _first(ptx, "ld.global", "st.global", "atom.global")
+    assert wait < len(ptx.splitlines()), f"{kernel}: no griddepcontrol.wait"
+    assert wait < release < len(ptx.splitlines()), f"{kernel}: release before the wait, or none"
+    assert wait < access, f"{kernel}: a global access before griddepcontrol.wait"
