@@ -8,19 +8,10 @@ scripts/gpu_last_row_race.sh or of scripts/gpu_gemv_device_table.sh on an H100: 
 
 from __future__ import annotations
 
-import re
 import statistics
 import sys
-from collections import defaultdict
 
-
-def parse(path: str) -> dict:
-    times: dict = defaultdict(list)
-    for line in open(path):
-        m = re.match(r"B=\s*(\d+) k=(\d+) (\S+)\s+([\d.]+) us", line)
-        if m:
-            times[(int(m[1]), int(m[2]), m[3])].append(float(m[4]))
-    return times
+from plot_sweep_ab import parse   # (scripts/, beside this file)
 
 
 def main(log: str, out: str) -> None:
