@@ -269,7 +269,7 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     d = TS.DEFAULT
     out = [("legacy", TS.LEGACY, 0), ("default", d, 0), ("narrow", TS.NARROW, 0)]
     out += [("no_plain_row_race", replace(d, plain_row_race=False), 1)]
-    out += [("pdl", replace(d, pdl=True), 1), ("no_pdl", replace(d, pdl=False), 1)]
+    out += [("no_pdl", replace(d, pdl=False), 1), ("narrow+pdl", replace(TS.NARROW, pdl=True), 2)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
@@ -372,7 +372,7 @@ def sweep(args: argparse.Namespace) -> dict:
                                          x["positions"], True, tuning=tuning)
             ms = _graph_ms(fn, rep=5) if args.device == "cuda" else timer(fn)
             drafts.append(dict(B=b, label=label, device_ms=ms))
-            print(f"sample_draft B={b:>4} {label:<8} {ms * 1e3:9.1f} us", flush=True)
+            print(f"sample_draft B={b:>4} {label:<10} {ms * 1e3:9.1f} us", flush=True)
     return dict(device=_device_name(args.device), copy_bandwidth_gbps=bw / 1e9, sweep=True,
                 settings={k: v for k, v in vars(args).items() if k != "out"},
                 elapsed_s=time.perf_counter() - t0, results=rows, sample_draft=drafts,

@@ -118,10 +118,11 @@ def set_decode_fusion(flag):
 
 
 def set_pdl(flag):
-    """Whether the Triton kernels of a small model's forward (GEMV, attention, prologue, RMSNorm)
-    may launch while the kernel before them runs (programmatic dependent launch,
-    kernels/triton_pdl.py; default on, on GPUs of compute capability 9.0 and later, inside
-    ``pdl_scope``; off for A/B runs). Changes no result. Set before CUDA graphs are captured."""
+    """Whether Triton kernels may launch while the kernel before them runs (programmatic
+    dependent launch, kernels/triton_pdl.py; default on, on GPUs of compute capability 9.0 and
+    later): a small model's forward (GEMV, attention, prologue, RMSNorm) inside ``pdl_scope``,
+    and the rejection sampler's passes where its tuning asks (Tuning.pdl). Off for A/B runs.
+    Changes no result. Set before CUDA graphs are captured."""
     selected().layers.set_pdl(flag)
 
 

@@ -34,6 +34,9 @@ and a program picks one copy by its row's T.
   output row.
 * ``draft_finish_kernel`` (grid [requests, chunks]): the draft token and, if asked, q.
 
+``PDL`` (every kernel): launched while the kernel before it runs; it waits for that kernel
+before its first load or store (kernels/triton_pdl.py, ``Tuning.pdl`` in kernels.triton_sampling).
+
 Random numbers: see kernels.philox (Philox4x32-10 as ``tl.randint4x``, same key mix). The races
 draw a tile of BLOCK indices with BLOCK / 4 Philox calls (``_uniform_tile``: index 4c + w is
 word w of counter c; the words are interleaved with tl.join / tl.reshape, which costs a few
@@ -751,6 +754,8 @@ def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr,
                         part_rv, part_ri, part_gv, part_gi, row_thr, tok_ptr, q_ptr,
                         STORE: tl.constexpr, CP: tl.constexpr, BLOCK: tl.constexpr,
                         TILES: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid [requests, C chunks]: request b's draft token (chunk 0 stores it) from the row
+    pass's partials and, with STORE, its q over this chunk of the vocabulary."""
     after_producer(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1)

@@ -62,8 +62,11 @@ class Tuning:
       pass: one pass over each row and no final race kernel. Without it the final race kernel
       reads each row again and races it there: the same random numbers and tokens.
     * ``pdl``: each kernel of the call is launched while the one before it runs and waits for
-      it before its first load (programmatic dependent launch, kernels/triton_pdl.py; only on
-      a GPU that has it): the boundaries between the passes cost no launch and no drain.
+      it before its first load or store (programmatic dependent launch, kernels/triton_pdl.py;
+      only on a GPU that has it): a pass's launch and its programs' start overlap the pass
+      before; the wait still ends when that pass has completed.
+
+    ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
 
     block: int = 1024
@@ -92,10 +95,11 @@ class Tuning:
         return self.plain_row_race and max_drafts == 0
 
 
-# PDL: measured on an H200 (2026-11-28, `--sweep --only default,pdl`, three runs, medians) it
-# took 0.96x / 0.97x / 0.99x the time at B = 64, k = 3 / 5 / 8 and 0.99x at B = 256, where the
-# passes are long and a boundary's drain shows; at B = 1, k = 3 it cost 3 us more (12 -> 15 us)
-# and draft sampling lost at B >= 8 (1.1-1.2x), so only the wide verification tuning has it.
+# PDL: measured on an H200 (2026-11-28, docs/bench-h200/sampler-pdl: DEFAULT's shape without and
+# with it, three runs, medians) it took 0.96x / 0.97x / 0.99x the time at B = 64, k = 3 / 5 / 8
+# and 0.99x at B = 256; at B = 1, k = 3 it cost 3 us more (12 -> 15 us), and draft sampling
+# (LEGACY's shape) lost at B >= 8 (1.07-1.24x). So the wide verification tuning has it; NARROW
+# (under 128 rows) with PDL has not been timed (`--sweep --only narrow,narrow+pdl`).
 DEFAULT = Tuning(pdl=True)
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
@@ -331,7 +335,8 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     last = not strict and tuning.races_in_row_pass(width - 1)
     has_q = not strict and draft_probs is not None and draft_probs.numel() > 0
     # any conversion launches before the row pass: the sampler's kernels then follow each
-    # other directly (with Tuning.pdl, each launched while the one before runs)
+    # other directly (with Tuning.pdl, each launched while the one before runs); without draft
+    # probabilities the kernels get the row pass's partials in their place (unread)
     q = draft_probs.to(torch.float32).contiguous() if has_q else None
     pdl = tuning.pdl and triton_pdl.usable(logits)
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
@@ -339,7 +344,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
-    q = q if has_q else part.m    # (unread without HAS_Q)
+    q = q if has_q else part.m
     if not strict and not last:   # plain sampling raced in the row pass: nothing to do
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,

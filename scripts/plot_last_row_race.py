@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
-from plot_sweep_ab import parse   # (scripts/, beside this file)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot_sweep_ab import parse  # noqa: E402  (scripts/, beside this file)
 
 
 def main(log: str, out: str) -> None:

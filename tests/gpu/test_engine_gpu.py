@@ -224,8 +224,9 @@ def test_spec_decode_matches_plain_greedy_at_real_shapes_fp32(real_shapes):
 
 # Three bf16 ulps of a logit in [4, 8) (1/32 each; the random-weight logits sit there: the top
 # log-probabilities step by 1/32). It was 0.06, under two ulps: on an H200 (2026-11-28) one
-# sequence parted at a gap of exactly 0.0625 (two ulps), the 1-token and 5-token passes having
-# rounded the two logits one ulp apart each way.
+# sequence parted at a gap of exactly 0.0625 (two ulps, read by the plain run's probe), likely
+# the 1-token and 5-token passes rounding the two logits apart. 0.1 has not run on a GPU yet
+# (docs/bench-h200/validate-2026-11-28).
 BF16_TIE_NATS = 0.1
 
 

@@ -159,9 +159,13 @@ def test_cuda_graph_capture_without_host_sync() -> None:
 def test_pdl_launches_give_the_same_tokens_over_graph_replays(b: int, k: int) -> None:
     """Tuning.pdl: each sampler kernel launched while the one before it runs gives, over CUDA
     graph replays whose logits a kernel inside the graph rewrites every time, the tokens and q
-    of the same calls launched one after the other, bit for bit. A kernel that read before its
-    wait would read the last replay's partials in some replay."""
+    of the same calls launched one after the other, bit for bit. A final race, finalize or
+    draft finish that read before its wait would read the last replay's partials in some
+    replay. (The row passes follow torch kernels, which release nothing early: their own wait
+    is checked in the compiled PTX, tests/kernels/test_sampling_triton_kernels_compile.py.)"""
     from dataclasses import replace
+
+    from specserve.kernels import triton_pdl
 
     case = make_verify_case([k - i % 2 for i in range(b)], _params(b), vocab=VOCAB, seed=b + k,
                             dtype=torch.bfloat16, noise=0.2, scale=3.0, device=DEV)
@@ -172,6 +176,7 @@ def test_pdl_launches_give_the_same_tokens_over_graph_replays(b: int, k: int) ->
     dargs = (case.temperature, case.top_k, case.top_p, case.min_p, case.seeds, case.positions)
     verify = replace(TS.verification_tuning(case.target_logits.shape[0]), pdl=True)
     draft = replace(TS.DRAFT_TUNING, pdl=True)
+    assert triton_pdl.usable(case.target_logits), "PDL is off here: the test would test nothing"
 
     def step(with_pdl: bool):
         target = base_target * scale           # written by a kernel inside the graph

@@ -1,7 +1,8 @@
-"""When kernels launch with programmatic dependent launch (kernels/triton_pdl.py): only inside a
-model's scope, for a model of hidden size up to MAX_HIDDEN (the 0.6B-like draft gained on an
-H100, the 1.7B- and 8B-like models lost at one row), on a GPU that has it, not under the
-interpreter, and not after ``set_pdl(False)``. The GPU test (tests/gpu/test_pdl_gpu.py) checks
+"""When kernels launch with programmatic dependent launch (kernels/triton_pdl.py): a model's
+kernels only inside its scope, for a model of hidden size up to MAX_HIDDEN (the 0.6B-like draft
+gained on an H100, the 1.7B- and 8B-like models lost at one row); the sampler wherever its
+tuning asks (``usable``); always on a GPU that has it, not under the interpreter, and not after
+``set_pdl(False)``. The GPU test (tests/gpu/test_pdl_gpu.py) checks
 what it computes."""
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ def test_off_when_switched_off_interpreting_or_on_the_cpu(monkeypatch) -> None:
         assert not triton_pdl.active(SimpleNamespace(is_cuda=False, device="cpu"))
         triton_pdl.set_enabled(False)
         assert not triton_pdl.active(CUDA_TENSOR)
+
+
+def test_usable_outside_a_model_scope_but_not_on_the_cpu_interpreting_or_switched_off(monkeypatch) -> None:
+    """``usable`` (the sampler's test) needs no model scope; the rest of ``active``'s
+    conditions hold for it."""
+    assert triton_pdl.usable(CUDA_TENSOR) and not triton_pdl.active(CUDA_TENSOR)
+    assert not triton_pdl.usable(SimpleNamespace(is_cuda=False, device="cpu"))
+    with monkeypatch.context() as m:
+        m.setattr(triton_pdl, "interpreting", lambda: True)
+        assert not triton_pdl.usable(CUDA_TENSOR)
+    with monkeypatch.context() as m:
+        m.setattr(triton_pdl, "_supported", lambda device: False)
+        assert not triton_pdl.usable(CUDA_TENSOR)
+    triton_pdl.set_enabled(False)
+    assert not triton_pdl.usable(CUDA_TENSOR)
 
 
 def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
