@@ -313,16 +313,16 @@ def _outcome_count(rates: _Rates, j: int) -> float:
 GENERATION_PHASES = (16, 64, 256)
 
 
-def generation_phase(output_tokens: int) -> int:
-    for i, bound in enumerate(GENERATION_PHASES):
-        if output_tokens < bound:
-            return i
-    return len(GENERATION_PHASES)
+def generation_phase(output_tokens: int, bounds: Optional[tuple[int, ...]] = None) -> int:
+    """The phase of a generation with ``output_tokens`` tokens: how many of the phase bounds
+    (default GENERATION_PHASES) are at or below them."""
+    return bisect.bisect_right(GENERATION_PHASES if bounds is None else bounds, output_tokens)
 
 
-def phase_name(phase: int) -> str:
-    lo = GENERATION_PHASES[phase - 1] if phase else 0
-    return f"{lo}-{GENERATION_PHASES[phase] - 1}" if phase < len(GENERATION_PHASES) else f"{lo}+"
+def phase_name(phase: int, bounds: Optional[tuple[int, ...]] = None) -> str:
+    bounds = GENERATION_PHASES if bounds is None else bounds
+    lo = bounds[phase - 1] if phase else 0
+    return f"{lo}-{bounds[phase] - 1}" if phase < len(bounds) else f"{lo}+"
 
 
 class AcceptanceModel:
@@ -395,8 +395,11 @@ class AcceptanceModel:
 
     def __init__(self, k_max: int, prior: float = 0.6, prior_weight: float = 4.0,
                  shared_rate: float = 0.02, request_rate: float = 0.05,
-                 optimism: Optional[float] = None, half_life: Optional[float] = None):
+                 optimism: Optional[float] = None, half_life: Optional[float] = None,
+                 phases: Optional[tuple[int, ...]] = None):
         self.k_max = k_max
+        # phase bounds in output tokens (``phase``); GENERATION_PHASES unless a variant says
+        self.phases = tuple(GENERATION_PHASES if phases is None else phases)
         self.prior, self.prior_weight = prior, prior_weight
         self.shared_rate, self.request_rate = shared_rate, request_rate
         z = self.OPTIMISM if optimism is None else optimism
@@ -406,7 +409,7 @@ class AcceptanceModel:
         for _ in TEMPERATURE_BUCKETS:
             phases = [_Rates(k_max, [prior] * k_max, prior_weight, shared_rate, chain=True,
                              optimism=z, clock=clock, half_life=h)]
-            for _ in GENERATION_PHASES:
+            for _ in self.phases:
                 phases.append(_Rates(k_max, [prior] * k_max, prior_weight, shared_rate,
                                      optimism=z, parent=phases[-1], clock=clock, half_life=h))
             self.shared.append(phases)
@@ -418,6 +421,10 @@ class AcceptanceModel:
     def _clock(self) -> int:
         """The shared estimates' clock for aging: controller steps so far."""
         return self.steps
+
+    def phase(self, output_tokens: int) -> int:
+        """The generation phase of a request with ``output_tokens`` tokens in this model."""
+        return generation_phase(output_tokens, self.phases)
 
     def tick(self) -> None:
         """One controller step has passed."""
@@ -487,7 +494,7 @@ class AcceptanceModel:
 
     def snapshot(self) -> dict:
         """Per temperature bucket, per generation phase (output tokens): rates and outcomes."""
-        return {name: {phase_name(i): {"rates": [round(r, 4) for r in s.rates()],
+        return {name: {phase_name(i, self.phases): {"rates": [round(r, 4) for r in s.rates()],
                                        "samples": [_outcome_count(s, j) for j in range(self.k_max)]}
                        for i, s in enumerate(phases)}
                 for (name, _), phases in zip(TEMPERATURE_BUCKETS, self.shared)}
@@ -1276,7 +1283,7 @@ class SpecControl:
             n = len(req.token_ids) + unread
             left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
             sampling.append(s)   # budget: drafts that fit once this step's token is committed
-            phase = generation_phase(n - req.prompt_len)
+            phase = ctl.acceptance.phase(n - req.prompt_len)
             before = self._phases.get(req.request_id)
             self._phases[req.request_id] = (phase, phase if before is None else before[0])
             rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
@@ -1313,7 +1320,8 @@ class SpecControl:
                 if phases is not None:
                     phase = phases[1]
                 else:   # (not planned here: a test's step) from the tokens before the step
-                    phase = generation_phase(max(0, req.num_output_tokens - s.num_accepted - 1))
+                    phase = self.controller.acceptance.phase(
+                        max(0, req.num_output_tokens - s.num_accepted - 1))
                 verified.append((req.request_id, self._fixed_part(req)[0], s.k, s.num_accepted, phase))
         if verified:
             self.controller.acceptance.record_step(verified)

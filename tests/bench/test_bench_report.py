@@ -98,3 +98,12 @@ def test_the_header_lists_the_settings_of_the_sections_that_ran():
     assert "batch_sizes=(1, 16, 64)" in both and "adaptive_ks=(1, 2, 8)" in both
     decode = header_markdown({}, {**base, "sections": ("roofline",)})
     assert "execution_mode=graphs" in decode and "adaptive_" not in decode
+
+
+def test_the_flags_variant_names_are_the_controllers_variants():
+    """--adaptive-variants checks names against options.ADAPTIVE_VARIANTS (no torch import at
+    parse time); the controllers come from bench.adaptive.VARIANTS: the two lists must agree."""
+    from specserve.bench.adaptive import VARIANTS
+    from specserve.bench.options import ADAPTIVE_VARIANTS
+
+    assert tuple(VARIANTS) == ADAPTIVE_VARIANTS

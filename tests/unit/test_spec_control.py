@@ -1163,3 +1163,14 @@ def test_no_evidence_probe_while_plain_steps_are_measured() -> None:
     ctl._probe_zero(ctl._zero_probe_counts, ctl.cost.bucket(16), 10**6)
     ctl.current, ctl.probe_credit, ctl._probe_share, ctl._probe_cost = 0, 1.0, 0.25, 0.0
     assert _decide(ctl, 16) == 0 and ctl.evidence_probes == 0
+
+
+def test_a_model_with_its_own_phase_bounds_reads_and_names_its_phases() -> None:
+    """AcceptanceModel(phases=...) (the bench's ``pow2-phases`` variant): its requests' phases
+    follow its bounds, each phase has its own estimate, and its snapshot names them."""
+    acc = AcceptanceModel(K, phases=(16, 32, 64))
+    assert [acc.phase(n) for n in (0, 15, 16, 31, 32, 63, 64, 999)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [AcceptanceModel(K).phase(n) for n in (15, 16, 32, 64)] == [0, 1, 1, 2]
+    acc.record("r", 0, 4, 0, phase=2)          # a rejection at position 1 in [32, 64) only
+    assert acc.rates("x", 0, phase=2)[0] < acc.rates("x", 0, phase=1)[0]
+    assert list(acc.snapshot()["greedy"]) == ["0-15", "16-31", "32-63", "64+"]
