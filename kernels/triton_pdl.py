@@ -26,8 +26,8 @@ prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x at on
 at two, with 16 or 48 MB of prefetch); the release before the wait, which lets every waiting
 kernel release the next one too (0.75-0.78x at one row); and, on an H200 (2026-11-28,
 docs/bench-h200/l2-ahead), each GEMV asking with ``cp.async.bulk.prefetch.L2`` for the weight
-one, two or four projections later before its wait (0.90-0.93x at one row, 0.83-0.96x at four):
-the draft's layers do not wait on cold weight bytes.
+one, two or four projections later before its wait (0.90-0.93x the speed at one row,
+0.83-0.96x at four): the draft's layers do not seem to wait on cold weight bytes.
 
 Every kernel that reads or writes memory after a PDL kernel's release must be launched after
 the wait of that kernel returns: a kernel launched without the attribute waits for the whole of

@@ -38,6 +38,17 @@ ROW_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", cu_ptr=PI
                topk_ptr=PI32, topp_ptr=P32, minp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64,
                part_m=P32, part_s=P32, part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32,
                row_thr=P32, stream="i32")
+FINAL_RACE_SIG = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32",
+                      cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32, temp_ptr=P32, seed_ptr=PI64,
+                      pos_ptr=PI64, part_m=P32, part_s=P32, row_thr=P32, rec_v=P32, rec_i=PI32,
+                      n_acc_ptr=PI32, row_stat=P32, tile_sums="*fp64")
+FINALIZE_SIG = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
+                    temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
+                    part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
+                    tile_sums="*fp64", out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
+DRAFT_FINISH_SIG = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32,
+                        part_m=P32, part_s=P32, part_rv=P32, part_ri=PI32, part_gv=P32,
+                        part_gi=PI32, row_thr=P32, tok_ptr=PI64, q_ptr=P32)
 
 
 @pytest.mark.parametrize("has_cu,race,last,unroll,split", [
@@ -56,30 +67,19 @@ def test_row_pass_kernel_compiles(has_cu: bool, race: bool, last: bool, unroll: 
 def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
-    sig = dict(logits_ptr="*fp16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
-               drafts_ptr=PI64,
-               q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32, part_s=P32,
-               row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums="*fp64")
-    _compile(K.final_race_kernel, sig, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
-                                            KP=16, PARALLEL=parallel, UNROLL=unroll))
+    _compile(K.final_race_kernel, FINAL_RACE_SIG, dict(V=V, HAS_Q=has_q, CP=32, TP=256, BLOCK=1024, TILES=32,
+                                                       KP=16, PARALLEL=parallel, UNROLL=unroll))
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
     from specserve.kernels import sampling_triton_kernels as K
 
-    sig = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
-               temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
-               part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
-               tile_sums="*fp64", out_ptr=PI64, W="i32", C="i32", CR="i32", NTILES="i32")
     for strict, has_q, last in ((False, True, False), (False, False, False), (True, False, False),
                                 (False, True, True)):
-        _compile(K.finalize_kernel, sig, dict(V=V, STRICT=strict, HAS_Q=has_q, CP=32, CRP=256,
-                                              TP=256, BLOCK=1024, WP=16, LAST=last), num_warps=4)
-    sig = dict(logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
-               part_s=P32,
-               part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
-               tok_ptr=PI64, q_ptr=P32)
-    _compile(K.draft_finish_kernel, sig, dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8))
+        _compile(K.finalize_kernel, FINALIZE_SIG, dict(V=V, STRICT=strict, HAS_Q=has_q, CP=32,
+                                                       CRP=256, TP=256, BLOCK=1024, WP=16,
+                                                       LAST=last), num_warps=4)
+    _compile(K.draft_finish_kernel, DRAFT_FINISH_SIG, dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8))
 
 
 def _first(ptx: str, *needles: str) -> int:
@@ -95,28 +95,18 @@ def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) 
     and the release of the next kernel after the wait too. Without PDL neither instruction."""
     from specserve.kernels import sampling_triton_kernels as K
 
-    fin_sig = dict(logits_ptr="*bf16", stride="i32", cu_ptr=PI32, drafts_ptr=PI64, q_ptr=P32,
-                   temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_rv=P32, part_ri=PI32,
-                   part_gv=P32, part_gi=PI32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32,
-                   row_stat=P32, tile_sums="*fp64", out_ptr=PI64, W="i32", C="i32", CR="i32",
-                   NTILES="i32")
     cases = {
         "row_pass": (K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=True, RACE=False, LAST=False,
                                                       NB=512, BLOCK=1024, NT=16, SBLOCK=256,
                                                       TILES=32, UNROLL=4, SPLIT=True)),
-        "final_race": (K.final_race_kernel, dict(
-            logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", CR="i32", cu_ptr=PI32,
-            drafts_ptr=PI64, q_ptr=P32, temp_ptr=P32, seed_ptr=PI64, pos_ptr=PI64, part_m=P32,
-            part_s=P32, row_thr=P32, rec_v=P32, rec_i=PI32, n_acc_ptr=PI32, row_stat=P32,
-            tile_sums="*fp64"), dict(V=V, HAS_Q=True, CP=32, TP=256, BLOCK=1024, TILES=32, KP=4,
-                                     PARALLEL=True, UNROLL=4)),
-        "finalize": (K.finalize_kernel, fin_sig, dict(V=V, STRICT=False, HAS_Q=True, CP=32,
+        "final_race": (K.final_race_kernel, dict(FINAL_RACE_SIG, logits_ptr="*bf16"),
+                       dict(V=V, HAS_Q=True, CP=32, TP=256, BLOCK=1024, TILES=32, KP=4,
+                            PARALLEL=True, UNROLL=4)),
+        "finalize": (K.finalize_kernel, FINALIZE_SIG, dict(V=V, STRICT=False, HAS_Q=True, CP=32,
                                                       CRP=256, TP=256, BLOCK=1024, WP=4,
                                                       LAST=False)),
-        "draft_finish": (K.draft_finish_kernel, dict(
-            logits_ptr="*bf16", stride="i32", chunk="i32", C="i32", temp_ptr=P32, part_m=P32,
-            part_s=P32, part_rv=P32, part_ri=PI32, part_gv=P32, part_gi=PI32, row_thr=P32,
-            tok_ptr=PI64, q_ptr=P32), dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8)),
+        "draft_finish": (K.draft_finish_kernel, DRAFT_FINISH_SIG,
+                         dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8)),
     }
     fn, sig, consts = cases[kernel]
     plain = _compile(fn, sig, dict(consts, PDL=False)).asm["ptx"]
