@@ -55,6 +55,8 @@ from specserve.kernels.triton_pdl import after_producer
 NEG_INF = tl.constexpr(float("-inf"))
 BIG_IDX = tl.constexpr(2147483647)
 ONE_BITS_PLUS_1 = tl.constexpr(0x3F800001)  # one past the bits of 1.0, the largest exp(x - max)
+# log2(e) rounded to fp32: the factor tl.exp itself applies before its ex2 on a GPU
+LOG2E = tl.constexpr(1.4426950216293334961)
 
 
 @triton.jit
@@ -109,6 +111,20 @@ def _log_e(seed, pos, stream, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _exp(x):
+    """exp(x) as exp2(x * log2 e), for the softmax sums and weights of every sampling kernel.
+
+    On a GPU this is the same ``ex2.approx`` of the same fp32 product that ``tl.exp`` emits, but
+    in its flush-to-zero form: ``tl.exp`` guards every element against a result below 2**-126
+    (a compare and two predicated multiplies), which made six instructions of each exp and half
+    of the row pass's instructions per logit (sm_90 SASS, 2026-11-28). The results differ only
+    where ``tl.exp`` would give a denormal: 0 instead. No sum here can see that (each holds its
+    row's or lane's max term, exp(0) = 1, and 2**-126 is far below an fp32 ulp of 1), and no
+    draw either (the inverse-CDF draw resolves 2**-52 of a row's mass)."""
+    return tl.exp2(x * LOG2E)
+
+
+@triton.jit
 def _div_t(z, T):
     """z / T with IEEE division (as torch does it); T is None for a row whose temperature is
     1.0 (greedy rows included), where z / 1.0 == z exactly and the division, most of a
@@ -131,7 +147,7 @@ def _load_x(row_ptr, offs, msk, T):
 def _scaled(row_ptr, offs, msk, T, mx):
     """(x, e = exp(x - mx)) of a tile; masked lanes get x = -inf, e = 0."""
     x = _load_x(row_ptr, offs, msk, T)
-    return x, tl.exp(x - mx)
+    return x, _exp(x - mx)
 
 
 @triton.jit
@@ -154,7 +170,7 @@ def _combine_softmax(m_ptr, s_ptr, base, C, CP: tl.constexpr):
     m = tl.load(m_ptr + base + i, mask=i < C, other=NEG_INF)
     s = tl.load(s_ptr + base + i, mask=i < C, other=0.0)
     mx = tl.max(m, 0)
-    return mx, tl.sum(tl.where(m == NEG_INF, 0.0, s * tl.exp(m - mx)), 0)
+    return mx, tl.sum(tl.where(m == NEG_INF, 0.0, s * _exp(m - mx)), 0)
 
 
 @triton.jit
@@ -194,7 +210,7 @@ def _lane_softmax(m, s, x):
     """One online-softmax step per lane: m is each lane's running max of x, s its sum of
     exp(x - m). One exp per element: the smaller of (m, x) is shifted by the larger."""
     hi = tl.maximum(m, x)
-    d = tl.exp(tl.minimum(m, x) - tl.where(hi == NEG_INF, 0.0, hi))   # 0 where both are -inf
+    d = _exp(tl.minimum(m, x) - tl.where(hi == NEG_INF, 0.0, hi))   # 0 where both are -inf
     return hi, tl.where(x > m, s * d + 1.0, s + d)
 
 
@@ -202,7 +218,7 @@ def _lane_softmax(m, s, x):
 def _reduce_softmax(m, s):
     """(max, sum of exp(x - max)) from per-lane online-softmax state; -inf lanes add 0."""
     mx = tl.max(m, 0)
-    return mx, tl.sum(s * tl.exp(m - tl.where(mx == NEG_INF, 0.0, mx)), 0)
+    return mx, tl.sum(s * _exp(m - tl.where(mx == NEG_INF, 0.0, mx)), 0)
 
 
 @triton.jit
@@ -339,7 +355,7 @@ def _tile_softmax(m, s, x, UNROLL: tl.constexpr):
         return _lane_softmax(m, s, tl.max(x, 0))
     hi = tl.maximum(m, tl.max(x, 0))
     hs = tl.where(hi == NEG_INF, 0.0, hi)
-    return hi, s * tl.exp(m - hs) + tl.sum(tl.exp(x - hs[None, :]), 0)
+    return hi, s * _exp(m - hs) + tl.sum(_exp(x - hs[None, :]), 0)
 
 
 @triton.jit
@@ -473,7 +489,7 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
         z = tl.load(logits_ptr + row.to(tl.int64) * stride + xj).to(tl.float32)
         if T != 1.0:                         # a scalar per row: no need for two copies
             z = tl.math.div_rn(z, T)
-        e = tl.exp(z - mx)
+        e = _exp(z - mx)
         px = tl.where(e >= thr, tl.math.div_rn(e, S), 0.0)
         if HAS_Q:
             qx = tl.load(q_ptr + (c0 + n).to(tl.int64) * V + xj)
@@ -503,13 +519,13 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
     s = tl.load(part_s + rows[:, None] * C + i[None, :], mask=pm, other=0.0)
     mx = tl.max(m, 1)
     mxs = tl.where(mx == NEG_INF, 0.0, mx)                               # rows past k_b
-    S = tl.sum(tl.where(m == NEG_INF, 0.0, s * tl.exp(m - mxs[:, None])), 1)
+    S = tl.sum(tl.where(m == NEG_INF, 0.0, s * _exp(m - mxs[:, None])), 1)
     thr = tl.load(row_thr + rows, mask=has_row, other=0.0)
     xj = tl.load(drafts_ptr + c0 + j, mask=live, other=0)
     z = tl.load(logits_ptr + rows.to(tl.int64) * stride + xj, mask=live, other=0.0).to(tl.float32)
     if T != 1.0:
         z = tl.math.div_rn(z, T)
-    e = tl.exp(z - tl.where(live, mx, 0.0))
+    e = _exp(z - tl.where(live, mx, 0.0))
     px = tl.where(e >= thr, tl.math.div_rn(e, tl.where(live, S, 1.0)), 0.0)
     if HAS_Q:
         qx = tl.load(q_ptr + (c0 + j).to(tl.int64) * V + xj, mask=live, other=0.0)

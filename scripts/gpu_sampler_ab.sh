@@ -5,6 +5,8 @@
 # Usage (device tool, carry .whl and the base tree):  bash scripts/gpu_sampler_ab.sh BASE_DIR
 # STAGES picks and orders the parts (default "sampling sweeps exactness"; also "engine",
 # the engine's and decode-ahead's GPU tests, and "breakages", the breakages alone).
+# SWEEP_RUNS (default 2) alternating base/head sweep pairs; SWEEP_ONLY: the sweep's --only list
+# (default: its priority-0 candidates, legacy, default and narrow).
 set -uo pipefail
 BASE="${1:?base tree (git archive of engine kernels bench specserve server)}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -29,14 +31,14 @@ for stage in ${STAGES:-sampling sweeps exactness}; do
                  -k "breakage or probabilistic or greedy_draft"
                cp /tmp/ex/*.md "$OUT/" 2>/dev/null ;;
     sweeps)
-      for run in 1 2; do
+      for run in $(seq 1 "${SWEEP_RUNS:-2}"); do
         for tree in base head; do
           d="$PWD"; [[ $tree == base ]] && d="$PWD/$BASE"
           echo "== sweep run $run, $tree" | tee -a "$log"
           # run from inside the tree: `python -m` puts the working directory first on sys.path,
           # ahead of PYTHONPATH (calls 1 and 2 of 2026-11-27 ran this checkout twice that way)
           (cd "$d" && PYTHONPATH="/tmp/site:$d" timeout 150 python3 -m specserve.bench.rejection_sampler \
-            --sweep --budget-s 0 --out "/tmp/rs_${tree}_${run}" 2>&1) | grep -E "^B=|default|legacy" | tee -a "$log"
+            --sweep --budget-s 0 ${SWEEP_ONLY:+--only "$SWEEP_ONLY"} --out "/tmp/rs_${tree}_${run}" 2>&1) | grep -E "^B=|default|legacy|narrow" | tee -a "$log"
         done
       done ;;
   esac

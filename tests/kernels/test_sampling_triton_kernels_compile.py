@@ -88,14 +88,16 @@ def _first(ptx: str, *needles: str) -> int:
     return next((i for i, line in enumerate(lines) if any(n in line for n in needles)), len(lines))
 
 
-@pytest.mark.parametrize("kernel", ["row_pass", "final_race", "finalize", "draft_finish"])
-def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) -> None:
-    """Tuning.pdl launches a kernel while the one before it runs: its first global load or store
-    must come after griddepcontrol.wait (else it may read what that kernel has not written yet),
-    and the release of the next kernel after the wait too. Without PDL neither instruction."""
+KERNELS = ["row_pass", "final_race", "finalize", "draft_finish"]
+
+
+def _kernel_cases() -> dict:
+    """(kernel, signature, constexprs) of each sampling kernel on its widest path: the row
+    pass with sampled rows, the final race with draft probabilities, the probabilistic
+    finalize, the draft finish storing q."""
     from specserve.kernels import sampling_triton_kernels as K
 
-    cases = {
+    return {
         "row_pass": (K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=True, RACE=False, LAST=False,
                                                       NB=512, BLOCK=1024, NT=16, SBLOCK=256,
                                                       TILES=32, UNROLL=4, SPLIT=True)),
@@ -108,7 +110,14 @@ def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) 
         "draft_finish": (K.draft_finish_kernel, DRAFT_FINISH_SIG,
                          dict(V=V, STORE=True, CP=32, BLOCK=1024, TILES=8)),
     }
-    fn, sig, consts = cases[kernel]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) -> None:
+    """Tuning.pdl launches a kernel while the one before it runs: its first global load or store
+    must come after griddepcontrol.wait (else it may read what that kernel has not written yet),
+    and the release of the next kernel after the wait too. Without PDL neither instruction."""
+    fn, sig, consts = _kernel_cases()[kernel]
     plain = _compile(fn, sig, dict(consts, PDL=False)).asm["ptx"]
     assert "griddepcontrol" not in plain
     ptx = _compile(fn, sig, dict(consts, PDL=True)).asm["ptx"]
@@ -121,3 +130,15 @@ def test_with_pdl_each_kernel_waits_before_its_first_memory_access(kernel: str) 
     assert wait < release < end, f"{kernel}: release before the wait, or none"
     assert access < end, f"{kernel}: no global access found (the search would prove nothing)"
     assert wait < access, f"{kernel}: a global access before griddepcontrol.wait"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_exp_is_the_flush_to_zero_ex2(kernel: str) -> None:
+    """The kernels' exps go through ``_exp`` (exp2 of x log2 e: PTX ``ex2.approx.ftz.f32``).
+    ``tl.exp`` emits the non-ftz ``ex2.approx.f32``, which ptxas guards against denormal results
+    with three more instructions per element: half of the row pass's instructions per logit
+    before 2026-11-28. A new ``tl.exp`` in a kernel fails here."""
+    fn, sig, consts = _kernel_cases()[kernel]
+    ptx = _compile(fn, sig, dict(consts, PDL=False)).asm["ptx"]
+    assert "ex2.approx.ftz.f32" in ptx, f"{kernel}: no exp found (the check would prove nothing)"
+    assert "ex2.approx.f32" not in ptx, f"{kernel}: an exp with the denormal guard (tl.exp)"
