@@ -270,6 +270,9 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out = [("legacy", TS.LEGACY, 0), ("default", d, 0), ("narrow", TS.NARROW, 0)]
     out += [("no_plain_row_race", replace(d, plain_row_race=False), 1)]
     out += [("no_pdl", replace(d, pdl=False), 1), ("narrow+pdl", replace(TS.NARROW, pdl=True), 2)]
+    out += [("prefetch", replace(d, prefetch=True), 1),
+            ("prefetch+unroll=2", replace(d, prefetch=True, unroll=2), 1),
+            ("narrow+prefetch", replace(TS.NARROW, prefetch=True), 2)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]

@@ -361,14 +361,17 @@ def _tile_softmax(m, s, x, UNROLL: tl.constexpr):
 @triton.jit
 def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need_race,
                 DO_G: tl.constexpr, DO_S: tl.constexpr, BLOCK: tl.constexpr,
-                UNROLL: tl.constexpr):
+                UNROLL: tl.constexpr, PREFETCH: tl.constexpr = False):
     """Unfiltered chunk [lo, hi): softmax partials (DO_S), greedy partial argmax (DO_G),
     optional race partial (DO_S rows only).
 
     Each of the TILES steps loads UNROLL consecutive tiles as one [UNROLL, BLOCK] block, so
     every thread has UNROLL loads in flight (one per tile was latency-bound: too few bytes in
-    flight per SM at the occupancy the registers allow). Everything is per lane (online
-    softmax, best score and index); the cross-lane reductions run once, after the last step."""
+    flight per SM at the occupancy the registers allow). PREFETCH: each step first issues the
+    next step's loads, then works on the block loaded one step before, so a thread's loads stay
+    in flight while it computes (the same values in the same order: only the loads move).
+    Everything is per lane (online softmax, best score and index); the cross-lane reductions
+    run once, after the last step."""
     m = tl.full([BLOCK], NEG_INF, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     lane = tl.arange(0, BLOCK)
@@ -376,11 +379,19 @@ def _chunk_pass(row_ptr, lo, hi, TILES: tl.constexpr, T, seed, pos, stream, need
     g_idx = lo + lane
     r_best = tl.full([BLOCK], NEG_INF, tl.float32)
     r_idx = lo + lane
+    block = tl.arange(0, UNROLL)[:, None] * BLOCK + lane[None, :]   # [UNROLL, BLOCK] offsets
+    if PREFETCH:
+        raw = tl.load(row_ptr + lo + block, mask=lo + block < hi, other=NEG_INF)
     for t in range(0, TILES):
         start = lo + t * (UNROLL * BLOCK)
         if start < hi:                     # TILES bounds the loop; the last chunk is shorter
-            offs = start + tl.arange(0, UNROLL)[:, None] * BLOCK + lane[None, :]  # [UNROLL, BLOCK]
-            z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
+            offs = start + block
+            if PREFETCH:
+                ahead = offs + UNROLL * BLOCK
+                z = raw.to(tl.float32)
+                raw = tl.load(row_ptr + ahead, mask=ahead < hi, other=NEG_INF)
+            else:
+                z = tl.load(row_ptr + offs, mask=offs < hi, other=NEG_INF).to(tl.float32)
             if DO_G:
                 g_best, g_idx = _tile_best(z, offs, g_best, g_idx)
             if DO_S:
@@ -403,7 +414,8 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                     stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LAST: tl.constexpr,
                     NB: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr,
                     SBLOCK: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
-                    SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                    SPLIT: tl.constexpr, PDL: tl.constexpr = False,
+                    PREFETCH: tl.constexpr = False):
     """Grid [rows, C chunks]: chunk c covers [c * chunk, (c + 1) * chunk) of the vocabulary
     (chunk a multiple of BLOCK, at most TILES steps of UNROLL tiles: TILES bounds the loop at
     compile time). SPLIT: a greedy row computes only its argmax (its m, s are placeholders:
@@ -454,17 +466,18 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
         hi = tl.minimum(lo + chunk, V)
         if SPLIT & (T_in == 0.0):          # greedy: argmax only (T is now 1)
             m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, None, seed, pos,
-                                                   stream, False, True, False, BLOCK, UNROLL)
+                                                   stream, False, True, False, BLOCK, UNROLL,
+                                                   PREFETCH)
             m = g_v
             s = tl.full([], 1.0, tl.float32)
         elif T != 1.0:
             m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, T, seed, pos,
                                                    stream, need_race, not SPLIT, True, BLOCK,
-                                                   UNROLL)
+                                                   UNROLL, PREFETCH)
         else:
             m, s, g_v, g_i, r_v, r_i = _chunk_pass(row_ptr, lo, hi, TILES, None, seed, pos,
                                                    stream, need_race, not SPLIT, True, BLOCK,
-                                                   UNROLL)
+                                                   UNROLL, PREFETCH)
         if c == 0:
             tl.store(row_thr + row, 0.0)
     tl.store(part_m + out, m)

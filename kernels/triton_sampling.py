@@ -65,6 +65,9 @@ class Tuning:
       it before its first load or store (programmatic dependent launch, kernels/triton_pdl.py;
       only on a GPU that has it): a pass's launch and its programs' start overlap the pass
       before; the wait still ends when that pass has completed.
+    * ``prefetch``: the row pass issues each step's loads one step ahead, so they are in flight
+      while the thread works on the step before (the same arithmetic in the same order; one
+      more block of logits held in registers).
 
     ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
@@ -80,6 +83,7 @@ class Tuning:
     recover_unroll: int = 4
     plain_row_race: bool = True
     pdl: bool = False
+    prefetch: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -234,7 +238,7 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
               stream: int, has_cu: bool, race: bool, split: bool,
-              last: bool = False, pdl: bool = False) -> _Partials:
+              last: bool = False, pdl: bool = False, prefetch: bool = False) -> _Partials:
     rows, vocab = logits.shape
     part = _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
@@ -242,7 +246,7 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
         HAS_CU=has_cu, RACE=race, LAST=last, NB=1 << max(9, num_reqs.bit_length()),
         BLOCK=pl.block, NT=NT, SBLOCK=min(SBLOCK, pl.block), TILES=pl.steps,
-        UNROLL=pl.unroll, SPLIT=split, PDL=pdl, num_warps=pl.num_warps,
+        UNROLL=pl.unroll, SPLIT=split, PDL=pdl, PREFETCH=prefetch, num_warps=pl.num_warps,
         **triton_pdl.launch_options(pdl))
     return part
 
@@ -292,7 +296,7 @@ def sample_draft(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     params = _params(dev, temperature, top_k, top_p, min_p, seeds, positions)
     pdl = tuning.pdl and triton_pdl.usable(logits)
     part = _row_pass(logits, pl, tokens, b, params, stream, has_cu=False, race=True,
-                     split=tuning.split, pdl=pdl)
+                     split=tuning.split, pdl=pdl, prefetch=tuning.prefetch)
     grid = (b, pl.num_chunks if store_probs else 1)
     K.draft_finish_kernel[grid](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, params[0], part.m, part.s,
@@ -340,7 +344,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     q = draft_probs.to(torch.float32).contiguous() if has_q else None
     pdl = tuning.pdl and triton_pdl.usable(logits)
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
-                     split=tuning.split, last=last, pdl=pdl)
+                     split=tuning.split, last=last, pdl=pdl, prefetch=tuning.prefetch)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)

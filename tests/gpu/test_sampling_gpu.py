@@ -202,3 +202,23 @@ def test_pdl_launches_give_the_same_tokens_over_graph_replays(b: int, k: int) ->
         plain = step(False)
         for s, p in zip(static, plain):
             assert torch.equal(s, p), f"replay {trial}: PDL launches differ from plain ones"
+
+
+@pytest.mark.parametrize("b,k", [(8, 3), (64, 5), (256, 3)])
+def test_prefetch_gives_the_same_tokens_and_q_bit_for_bit(b: int, k: int) -> None:
+    """Tuning.prefetch only moves the row pass's loads a step ahead: at the real vocabulary in
+    bf16, with every filter mix of _params, the verification's tokens and the draft sampler's
+    tokens and q are the calls' without it, bit for bit (the CPU interpreter checks the same
+    against the reference at a small vocabulary)."""
+    from dataclasses import replace
+
+    case = make_verify_case([k - i % 2 for i in range(b)], _params(b), vocab=VOCAB, seed=b + 3 * k,
+                            dtype=torch.bfloat16, noise=0.2, scale=3.0, device=DEV)
+    verify = TS.verification_tuning(case.target_logits.shape[0])
+    outs = [TS.rejection_sample(*case.args("probabilistic"), max_num_draft_tokens=k,
+                                tuning=replace(verify, prefetch=pf)) for pf in (False, True)]
+    assert torch.equal(outs[0], outs[1]), "prefetch changed a verification token"
+    dargs = (case.temperature, case.top_k, case.top_p, case.min_p, case.seeds, case.positions)
+    draft = [TS.sample_draft(case.target_logits[:b], *dargs, True,
+                             tuning=replace(TS.DRAFT_TUNING, prefetch=pf)) for pf in (False, True)]
+    assert torch.equal(draft[0][0], draft[1][0]) and torch.equal(draft[0][1], draft[1][1])

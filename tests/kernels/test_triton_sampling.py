@@ -176,11 +176,14 @@ else:
         assert int((want[:, 1:] >= 0).sum()) >= 3          # drafts were accepted: the test bites
 
     @pytest.mark.parametrize("tuning", [TS.LEGACY, TS.Tuning(unroll=2, split=False, recover_unroll=1),
-                                        TS.Tuning(unroll=1, parallel_accept=False)],
-                             ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept"])
+                                        TS.Tuning(unroll=1, parallel_accept=False),
+                                        TS.Tuning(prefetch=True),
+                                        TS.Tuning(unroll=2, split=False, prefetch=True)],
+                             ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept", "prefetch",
+                                  "prefetch-unroll2-unsplit"])
     def test_every_tuning_matches_reference(tuning) -> None:
         """The launch knobs (loads per step, split greedy/sampled loops, parallel or serial
-        accept tests) change how the work is spread, never a token: drafts and both
+        accept tests, loads issued a step ahead) change how the work is spread, never a token: drafts and both
         verification methods equal the reference for each (the default is tested above)."""
         case = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0)
         for method in ("probabilistic", "strict"):
