@@ -103,7 +103,7 @@ class Tuning:
 # with it, three runs, medians) it took 0.96x / 0.97x / 0.99x the time at B = 64, k = 3 / 5 / 8
 # and 0.99x at B = 256; at B = 1, k = 3 it cost 3 us more (12 -> 15 us), and draft sampling
 # (LEGACY's shape) lost at B >= 8 (1.07-1.24x). So the wide verification tuning has it; NARROW
-# (under 128 rows) with PDL has not been timed (`--sweep --only narrow,narrow+pdl`).
+# (under WIDE_ROWS rows) with PDL has not been timed (`--sweep --only narrow,narrow+pdl`).
 DEFAULT = Tuning(pdl=True)
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
@@ -116,7 +116,12 @@ NARROW = replace(LEGACY, plain_row_race=True)
 # with DEFAULT takes 0.65-0.74x LEGACY's time at B (k + 1) >= 256 rows (B = 64 and 256), but
 # 1.1-1.4x at <= 72 rows (B = 1 and 8), where the row pass is too short to stream; draft
 # sampling with DEFAULT is no faster (1.17x at B = 64, 0.98x at B = 256), so it keeps LEGACY.
-WIDE_ROWS = 128
+# Re-measured on an H200 (2026-11-28, DEFAULT with PDL against NARROW, two alternating A/B runs
+# of two trees, docs/bench-h200/sampler-exp2): at B = 8 (32, 48 and 72 rows) DEFAULT took
+# 0.71-0.85x NARROW's time; at B = 1 (4-9 rows) it was mixed (0.79x at k = 3, 1.35x at k = 8).
+# So DEFAULT from 32 rows; 10-31 rows were not measured and keep NARROW. The H100 has not been
+# re-measured since PDL and the split loops.
+WIDE_ROWS = 32
 DRAFT_TUNING = LEGACY
 FINALIZE_WARPS = 4  # finalize_kernel: a recovery scans one BLOCK-entry tile of the rejected row
 
