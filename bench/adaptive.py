@@ -162,8 +162,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "no-tail-pricing": {"controller": {"tail_pricing": False}},
     # neither: the controller as it was before both (2fbc8f6)
     "no-evidence-no-tail": {"controller": {"probe_share_max": 0.0, "tail_pricing": False}},
-    # generation phases at every power of two from 16 output tokens, not [0, 16, 64, 256)
-    "pow2-phases": {"acceptance": {"phases": (16, 32, 64, 128, 256)}},
+    # the generation phases before 2026-11-28: [0, 16), [16, 64), [64, 256), [256, ...)
+    "coarse-phases": {"acceptance": {"phases": (16, 64, 256)}},
 }
 
 

@@ -309,8 +309,14 @@ def _outcome_count(rates: _Rates, j: int) -> float:
     return round(n, 1) if rates.half_life else int(n)
 
 
-# a generation's phases, by the output tokens it has before a step: [0, 16), [16, 64), [64, 256), ...
-GENERATION_PHASES = (16, 64, 256)
+# a generation's phases, by the output tokens it has before a step: [0, 16), then one per power of
+# two, [16, 32), [32, 64), ..., [256, ...). Coarser phases, (16, 64, 256) until 2026-11-28, let
+# the low acceptance of a generation's first tokens set k = 0 for all of [16, 64), where the demo
+# pair accepts most drafts: on the CPU machine the demo pair at batch 1 read 0.99x / 1.20x plain
+# with them and 1.17x / 1.40x with these. On an H200 (issue 14's six cells and ramp, one run)
+# each met 4 of the 6 cells; these ran nearer the best of each cell (geometric mean 0.96x
+# against 0.93x) and the ramp (0.80x plain against 0.73x) (docs/bench-h200/adaptive-pow2-phases).
+GENERATION_PHASES = (16, 32, 64, 128, 256)
 
 
 def generation_phase(output_tokens: int, bounds: Optional[tuple[int, ...]] = None) -> int:

@@ -866,7 +866,8 @@ def test_a_generation_that_starts_badly_and_turns_good_drafts_once_it_has_turned
 
 def test_a_later_phase_starts_from_the_phase_before_and_learns_its_own() -> None:
     acc = AcceptanceModel(K, optimism=0.0)
-    assert [generation_phase(n) for n in (0, 15, 16, 63, 64, 255, 256, 10_000)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [generation_phase(n) for n in (0, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 10_000)] == [
+        0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     for _ in range(40):
         acc.record("early", 0, K, 0, phase=0)        # the start: every first draft rejected
     early = acc.shared[0][0].rates()[0]
@@ -1166,11 +1167,15 @@ def test_no_evidence_probe_while_plain_steps_are_measured() -> None:
 
 
 def test_a_model_with_its_own_phase_bounds_reads_and_names_its_phases() -> None:
-    """AcceptanceModel(phases=...) (the bench's ``pow2-phases`` variant): its requests' phases
-    follow its bounds, each phase has its own estimate, and its snapshot names them."""
+    """AcceptanceModel(phases=...) (the bench's ``coarse-phases`` variant): its requests'
+    phases follow its bounds, each phase has its own estimate, and its snapshot names them. The
+    default's bounds are every power of two from 16 output tokens to 256."""
     acc = AcceptanceModel(K, phases=(16, 32, 64))
     assert [acc.phase(n) for n in (0, 15, 16, 31, 32, 63, 64, 999)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert [AcceptanceModel(K).phase(n) for n in (15, 16, 32, 64)] == [0, 1, 1, 2]
+    assert [AcceptanceModel(K).phase(n) for n in (15, 16, 32, 64, 128, 255, 256)] == [
+        0, 1, 2, 3, 4, 4, 5]
+    assert [AcceptanceModel(K, phases=(16, 64, 256)).phase(n) for n in (15, 16, 32, 64)] == [
+        0, 1, 1, 2]
     acc.record("r", 0, 4, 0, phase=2)          # a rejection at position 1 in [32, 64) only
     assert acc.rates("x", 0, phase=2)[0] < acc.rates("x", 0, phase=1)[0]
     assert list(acc.snapshot()["greedy"]) == ["0-15", "16-31", "32-63", "64+"]
