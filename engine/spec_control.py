@@ -4,7 +4,7 @@ Plain Python, no torch. Three parts, each fed by numbers the engine already has:
 
 * :class:`AcceptanceModel`: the conditional acceptance rate a_j of draft position j (accepted
   given positions 1..j-1 were), per temperature bucket and generation phase (output tokens so
-  far: 0-15, 16-63, 64-255, 256+) across requests, and per request: means of the outcomes
+  far: 0-15, 16-31, 32-63, 64-127, 128-255, 256+) across requests, and per request: means of the outcomes
   (moving averages once there are many) shrunk toward a prior, the position before for a
   bucket's first phase, the phase before for a later one, the bucket's estimate for a request. A verification of n drafts with m
   accepted tries positions 1..min(m + 1, n): the first m succeed, position m + 1 (if drafted)

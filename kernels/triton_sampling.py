@@ -124,8 +124,8 @@ NARROW = replace(LEGACY, plain_row_race=True)
 WIDE_ROWS = 32
 # Tuning.prefetch, timed on an H200 (2026-11-28, two sweeps of DEFAULT against DEFAULT with
 # prefetch in one process, docs/bench-h200/sampler-prefetch): 0.95-0.97x the time at B = 256
-# (1,024-2,304 rows, every k of 3, 5, 8, both runs); level to 1.10x at B = 64 (256-576 rows) and
-# 1.01-1.18x at B = 8. So from 1,024 rows only.
+# (1,024-2,304 rows, every k of 3, 5, 8, both runs); per run level to 1.10x at B = 64 (256-576
+# rows) and 1.01-1.18x at B = 8. So from 1,024 rows only.
 PREFETCH_ROWS = 1024
 WIDE_PREFETCH = replace(DEFAULT, prefetch=True)
 DRAFT_TUNING = LEGACY

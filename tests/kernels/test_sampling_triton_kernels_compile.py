@@ -142,3 +142,25 @@ def test_every_exp_is_the_flush_to_zero_ex2(kernel: str) -> None:
     ptx = _compile(fn, sig, dict(consts, PDL=False)).asm["ptx"]
     assert "ex2.approx.ftz.f32" in ptx, f"{kernel}: no exp found (the check would prove nothing)"
     assert "ex2.approx.f32" not in ptx, f"{kernel}: an exp with the denormal guard (tl.exp)"
+
+
+def test_no_sampling_kernel_source_calls_tl_exp() -> None:
+    """The PTX check above compiles one path per kernel; a ``tl.exp`` on another path (the
+    serial accept tests, a filtered row) would pass it, so the source is checked too."""
+    from pathlib import Path
+
+    from specserve.kernels import sampling_triton_kernels as K
+
+    code = [line.split("#")[0] for line in Path(K.__file__).read_text().splitlines()]
+    assert not [line for line in code if "tl.exp(" in line and '"""' not in line]
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 4])
+def test_row_pass_kernel_compiles_with_prefetch(unroll: int) -> None:
+    """Tuning.prefetch carries the raw block across loop steps (a loop-carried value of the
+    logits' dtype): compiled for sm_90 at each unroll."""
+    from specserve.kernels import sampling_triton_kernels as K
+
+    _compile(K.row_pass_kernel, ROW_SIG, dict(V=V, HAS_CU=True, RACE=False, LAST=False, NB=512,
+                                              BLOCK=1024, NT=16, SBLOCK=256, TILES=64 // unroll,
+                                              UNROLL=unroll, SPLIT=True, PREFETCH=True))
