@@ -164,6 +164,9 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "no-evidence-no-tail": {"controller": {"probe_share_max": 0.0, "tail_pricing": False}},
     # the generation phases before 2026-11-28: [0, 16), [16, 64), [64, 256), [256, ...)
     "coarse-phases": {"acceptance": {"phases": (16, 64, 256)}},
+    # held at k = 0 through the adaptive engine's own path (hold_at_zero): what that path costs
+    # beside the plain engine, with no decision to blame
+    "held-zero": {"hold_at_zero": True},
 }
 
 
@@ -176,8 +179,10 @@ def variant_controllers(core: EngineCore, names: tuple[str, ...]) -> dict[str, K
                                                         zero_runs_ahead=base.cost.zero_runs_ahead)
         v = VARIANTS[name]
         acceptance = AcceptanceModel(base.k_max, **v.get("acceptance", {}))
-        out[f"adaptive:{name}"] = KController(base.k_max, "adaptive", cost, acceptance,
-                                              **v.get("controller", {}))
+        ctl = KController(base.k_max, "adaptive", cost, acceptance, **v.get("controller", {}))
+        if v.get("hold_at_zero"):
+            hold_at_zero(ctl)
+        out[f"adaptive:{name}"] = ctl
     return out
 
 

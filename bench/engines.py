@@ -30,7 +30,8 @@ from specserve.engine.models.spec import read_model_spec
 from specserve.engine.runner.inputs import ForwardItem
 from specserve.engine.runner.model_runner import KVLayout, ModelRunner
 from specserve.engine.runner.settings import SpecSettings
-from specserve.engine.setup import EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device, pick_dtype
+from specserve.engine.setup import (EngineInfo, LoadedModels, load_tokenizer, pick_backend, pick_device,
+                                    pick_dtype, precompile_sampling)
 from specserve.engine.types import SamplingParams, SpecDecodeStats, StepStats
 from specserve.kernels.backend import set_backend
 
@@ -95,6 +96,8 @@ class ModelCache:
         dtype = self.dtype_for(target_dir)
         settings = SpecSettings(k if draft is not None else 0, self.max_model_len,
                                 spec_cfg.rejection_sample_method, spec_cfg.draft_sample_method)
+        precompile_sampling(config, target.spec.vocab_size, settings.num_speculative_tokens,
+                            self.max_model_len, dtype, self.device, backend)
         runner = ModelRunner(target, draft, KVLayout(num_kv_blocks, block_size, dtype, self.device),
                              settings, max_num_seqs, self.enforce_eager,
                              max_step_tokens=max_num_batched_tokens,

@@ -13,7 +13,7 @@ ADAPTIVE_TARGETS = ("1.7b", "4b")
 ADAPTIVE_PAIRS = ("unrelated", "self", "mid")   # the drafts of section adaptive (bench/sections_adaptive.py)
 # controller variants section adaptive can run beside the default one (bench/adaptive.py VARIANTS)
 ADAPTIVE_VARIANTS = ("no-optimism", "aging", "schedule-probes", "no-tail-pricing",
-                     "no-evidence-no-tail", "coarse-phases")
+                     "no-evidence-no-tail", "coarse-phases", "held-zero")
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,9 @@ class EngineConfig:
     # prefill chunks, mixed steps and catch-ups of up to this many tokens replay CUDA graphs
     # captured per token bucket (engine/runner/ragged_graphs.py); 0 runs them eagerly
     ragged_graph_tokens: int = 1024
+    # processes that compile the sampler's Triton kernel variants before the weights load, on a
+    # cold Triton cache (kernels/precompile.py); None: one per spare core, at most 8; 0: none
+    compile_workers: Optional[int] = None
     # queue each plain decode step on the device before the previous one's tokens are read
     # (engine/decode_ahead.py), and any other step once the previous one's tokens are committed,
     # before their text and outputs (EngineCore._queue_next); exact, so on by default
@@ -147,6 +150,8 @@ class EngineConfig:
             raise ConfigError("--max-num-batched-tokens must be positive")
         if self.ragged_graph_tokens < 0:
             raise ConfigError("--ragged-graph-tokens must be >= 0 (0 turns the ragged graphs off)")
+        if self.compile_workers is not None and self.compile_workers < 0:
+            raise ConfigError("--compile-workers must be >= 0 (0 compiles in the server process)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("--max-model-len must be at least 2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -22,6 +22,7 @@ from specserve.engine.runner.settings import SpecSettings
 from specserve.engine.types import ParamError, SamplingParams
 from specserve.kernels import ops
 from specserve.kernels.backend import set_backend, triton_available
+from specserve.kernels.precompile import SamplingWarmUp, auto_workers, compile_in_workers
 
 log = logging.getLogger("specserve.engine")
 
@@ -230,6 +231,28 @@ def _launch_tp(config: EngineConfig, spec: ModelSpec, device: torch.device, dtyp
                   config.block_size)
 
 
+def precompile_sampling(config: EngineConfig, vocab_size: int, num_spec: int, max_len: int,
+                        dtype: torch.dtype, device: torch.device, backend: str) -> None:
+    """On a cold Triton cache, compile the sampler's kernel variants in worker processes before
+    the weights take the device's memory (kernels/precompile.py); the runner's warm-up then
+    reads them from the cache. The workers run the runner's own warm-up calls, so the arguments
+    here are the ones ``ModelRunner._warm_up_sampling`` passes. CUDA with Triton kernels only,
+    and not under tensor parallelism (its ranks start their own processes)."""
+    if device.type != "cuda" or backend != "triton" or config.tensor_parallel_size != 1:
+        return
+    workers = config.compile_workers if config.compile_workers is not None else auto_workers()
+    if workers < 1:
+        return
+    spec_cfg = config.speculative
+    settings = SpecSettings(num_spec, max_len, spec_cfg.rejection_sample_method,
+                            spec_cfg.draft_sample_method)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    job = SamplingWarmUp(vocab_size, config.max_num_seqs, num_spec,
+                         settings.rejection_method, settings.store_probs, settings.store_probs,
+                         str(dtype).replace("torch.", ""), f"cuda:{index}")
+    compile_in_workers(job, workers)
+
+
 def load_models(config: EngineConfig) -> LoadedModels:
     device = pick_device(config.device)
     target_path = resolve_model_path(config.model, "target")
@@ -250,6 +273,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     if config.max_num_batched_tokens < num_spec + 1:
         raise ConfigError("--max-num-batched-tokens must be at least --num-speculative-tokens + 1")
     rope_len = max_len + num_spec + 1
+    precompile_sampling(config, target_spec.vocab_size, num_spec, max_len, dtype, device, backend)
     log.info("loading target %s (%s) on %s in %s, kernels: %s", target_path, target_spec.architecture,
              device, str(dtype).replace("torch.", ""), backend)
     tp = _launch_tp(config, target_spec, device, dtype, backend, rope_len)   # None at TP = 1

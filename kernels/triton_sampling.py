@@ -437,13 +437,17 @@ def _ragged_drafts(reqs: int, total: int, widest: int) -> list[int]:
 
 
 def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs: bool,
-            store_probs: bool, dtype: torch.dtype, device: torch.device) -> int:
+            store_probs: bool, dtype: torch.dtype, device: torch.device, part: int = 0,
+            parts: int = 1) -> int:
     """Compile the kernel variants a server can meet, so no request waits for Triton's JIT.
 
     Variants come from the launch plan (row counts), the padded output width (draft counts) and
     the method flags; returns the number of calls made. Compiled kernels land in Triton's
-    on-disk cache, so later start-ups are quick.
+    on-disk cache, so later start-ups are quick. ``part`` of ``parts``: every parts-th call from
+    the part-th on (the worker processes of kernels/precompile.py split the calls so).
     """
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} of {parts}")
     calls = 0
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -454,6 +458,10 @@ def warm_up(vocab: int, max_reqs: int, max_drafts: int, method: str, with_probs:
                 torch.arange(n, dtype=torch.int64, device=device), torch.zeros(n, dtype=torch.int64, device=device))
 
     draft_rows, shapes = warm_up_shapes(vocab, max_reqs, max_drafts, device)
+    calls_in_order = [("draft", b) for b in draft_rows] + [("verify", s) for s in shapes]
+    mine = calls_in_order[part::parts]
+    draft_rows = [b for kind, b in mine if kind == "draft"]
+    shapes = [s for kind, s in mine if kind == "verify"]
     for b in draft_rows:
         logits = torch.randn(b, vocab, generator=gen, device=device).to(dtype)
         sample_draft(logits, *params(b), store_probs, stream=draft_stream(method))

@@ -133,6 +133,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "of up to this many tokens replay CUDA graphs captured per token bucket "
                         "(16, 32, ... up to this) instead of launching every kernel from Python; "
                         "0 runs them eagerly (default %(default)s)")
+    c.add_argument("--compile-workers", type=int, default=d.compile_workers,
+                   help="on a GPU with an empty Triton cache, processes that compile the "
+                        "sampler's kernel variants in parallel before the weights load (at k = 8 "
+                        "and 256 sequences, 159 variants took 185 s in the server process alone); "
+                        "later start-ups read them from Triton's cache and skip this. Default: one "
+                        "per spare CPU core, at most 8; 0 compiles them in the server process")
     c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
                    help="overlap the host's work with the GPU's (exact; default on): a plain "
@@ -232,7 +238,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting_requests=args.max_waiting_requests, enforce_eager=args.enforce_eager,
-        ragged_graph_tokens=args.ragged_graph_tokens,
+        ragged_graph_tokens=args.ragged_graph_tokens, compile_workers=args.compile_workers,
         async_scheduling=args.async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         generation_config=args.generation_config,

@@ -210,6 +210,7 @@ def test_existing_claim_is_mounted_and_no_claim_is_created(render) -> None:
     c = container(docs)
     assert {"name": "models", "mountPath": "/data"} in c["volumeMounts"]
     assert {"name": "HF_HOME", "value": "/data/.hf"} in c["env"]
+    assert {"name": "TRITON_CACHE_DIR", "value": "/data/.triton-cache"} in c["env"]
     assert flags(docs)["--model"] == "/data/Qwen3-8B"
 
 
@@ -239,6 +240,7 @@ def test_cpu_without_draft(render) -> None:
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert {v["name"]: v for v in pod["volumes"]}["models"] == {"name": "models", "emptyDir": {}}
+    assert "TRITON_CACHE_DIR" not in {e["name"] for e in c["env"]}   # no volume to keep it on
     assert not by_kind(docs, "PersistentVolumeClaim") and not by_kind(docs, "ConfigMap")
 
 

@@ -29,7 +29,7 @@ def test_engine_flags_reach_the_config() -> None:
                               "--max-num-seqs", "3", "--max-num-batched-tokens", "99",
                               "--max-waiting-requests", "7", "--no-enable-prefix-caching", "--enforce-eager",
                               "--seed", "11", "--kernel-backend", "torch", "--load-format", "dummy",
-                              "--no-gemv"))
+                              "--no-gemv", "--compile-workers", "3"))
     assert (cfg.model, cfg.speculative.model, cfg.num_speculative_tokens) == ("/m", "/d", 5)
     assert cfg.speculative.rejection_sample_method == "strict"
     assert cfg.speculative.draft_sample_method == "greedy"
@@ -38,6 +38,7 @@ def test_engine_flags_reach_the_config() -> None:
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting_requests) == (3, 99, 7)
     assert not cfg.enable_prefix_caching and cfg.enforce_eager and cfg.seed == 11
     assert (cfg.kernel_backend, cfg.load_format, cfg.gemv) == ("torch", "dummy", False)
+    assert cfg.compile_workers == 3 and engine_config(_args()).compile_workers is None
 
 
 def test_speculative_defaults_and_vllm_json() -> None:
@@ -59,6 +60,7 @@ def test_speculative_defaults_and_vllm_json() -> None:
     (["--speculative-config", '{"method": "eagle", "model": "/d"}'], "eagle"),
     (["--kv-cache-memory", "lots"], "size"),
     (["--block-size", "3"], "--block-size"),
+    (["--compile-workers", "-1"], "--compile-workers"),
 ])
 def test_bad_flags_are_refused_clearly(argv, needle) -> None:
     with pytest.raises(ConfigError, match=needle):
