@@ -23,6 +23,10 @@ def main() -> None:
     p.add_argument("--max-reqs", type=int, default=64, help="--max-num-seqs of the server")
     p.add_argument("--max-drafts", type=int, default=4, help="k_max (0: no speculation)")
     p.add_argument("--workers", type=int, default=8, help="compile worker processes")
+    p.add_argument("--trace", action="store_true",
+                   help="with scripts/compile_trace on PYTHONPATH and SPECSERVE_COMPILE_TRACE set: "
+                        "after the run, the server-side compiles that missed the workers' cache "
+                        "beside the workers' compiles of the same kernel and constexprs")
     p.add_argument("--mode", choices=("serial", "workers"), required=True,
                    help="compile in this process alone, or in workers first")
     a = p.parse_args()
@@ -46,6 +50,31 @@ def main() -> None:
     print(f"{a.workers} workers: {workers_s:.1f}s (all finished: {ok}), then the server's warm-up "
           f"({calls} calls) {read_s:.1f}s from their cache: {workers_s + read_s:.1f}s in all",
           flush=True)
+    if a.trace:
+        explain_misses(os.environ["SPECSERVE_COMPILE_TRACE"])
+
+
+def explain_misses(path: str) -> None:
+    import json
+    lines = [json.loads(x) for x in open(path)]
+    me = os.getpid()
+    mine = [x for x in lines if x["pid"] == me]
+    theirs = [x for x in lines if x["pid"] != me]
+    misses = [x for x in mine if not x["hit"]]
+    print(f"trace: {len(theirs)} compiles in workers, {len(mine)} here, {len(misses)} of them missed")
+    fields = ("attrs", "signature", "fn_key", "constants")
+    for x in misses[:6]:
+        same = [y for y in theirs if y["name"] == x["name"] and y["constants"] == x["constants"]]
+        print(f"MISS {x['name']} {x['constants'][:300]}")
+        for f in fields:
+            print(f"  here   {f}: {x[f][:600]}")
+        for y in same[:2]:
+            diff = [f for f in fields if y[f] != x[f]]
+            print(f"  worker {y['pid']} differs in {diff}")
+            for f in diff:
+                print(f"  worker {f}: {y[f][:600]}")
+        if not same:
+            print("  no worker compiled this kernel with these constexprs")
 
 
 if __name__ == "__main__":
