@@ -50,6 +50,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_pdl import after_producer
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -806,3 +807,6 @@ def draft_finish_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, temp_ptr,
             _store_q(row_ptr, q_row, lo, hi, None, mx, S, thr, greedy, tok, BLOCK, TILES)
         else:
             _store_q(row_ptr, q_row, lo, hi, T, mx, S, thr, greedy, tok, BLOCK, TILES)
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from specserve.kernels import triton_pdl
 from specserve.kernels.interpreter import interpreting
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_pdl import after_producer
 
 _MIN_TOKENS_PER_SPLIT = 128
@@ -448,3 +449,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     )
     merge_splits(launch, query_start_loc, num_reqs, head_dim, pdl)
     return out
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

@@ -31,6 +31,7 @@ import triton.language as tl
 from specserve.kernels import triton_pdl, triton_prologue
 from specserve.kernels.triton_attention import (MIX_ARGS, attend_program, find_request, merge_splits,
                                                 plan_launch, split_share)
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_pdl import after_producer
 from specserve.kernels.triton_prologue import PROLOGUE_WARPS, prologue_group
 
@@ -126,3 +127,6 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
         **triton_pdl.launch_options(pdl))
     merge_splits(launch, query_start_loc, num_reqs, head_dim, pdl)
     return out
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

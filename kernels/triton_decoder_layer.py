@@ -58,6 +58,7 @@ from specserve.kernels.decoder_weights import DecoderWeights
 from specserve.kernels.triton_attention import (_choose_splits, _num_sms, attend_program,
                                                 launch_shape, merge_program)
 from specserve.kernels.interpreter import interpreting
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_gemv import silu_mul
 from specserve.kernels.triton_prologue import prologue_group
 
@@ -497,3 +498,6 @@ def _fits(x: torch.Tensor, residual: Optional[torch.Tensor], w: DecoderWeights,
         if c.stride(-1) != 1 or c.stride(-2) != w.head_dim:
             return False
     return w.num_heads % w.num_kv_heads == 0 and cos_sin_cache.shape[1] <= w.head_dim
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

@@ -55,6 +55,7 @@ import triton.language as tl
 
 from specserve.kernels import triton_pdl
 from specserve.kernels.interpreter import interpreting
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_pdl import after_producer
 
 MAX_ROWS = 8          # more rows than this: torch.nn.functional.linear (cuBLAS)
@@ -636,3 +637,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: Optional[torch.Tensor], norm_
     new_res = torch.empty_like(x2) if residual is not None else x2
     y = _launch(x2, weight, bias, cfg, silu_mul=False, norm=(res2, new_res, norm_weight, eps))
     return y.reshape(*x.shape[:-1], n), new_res.reshape(x.shape)
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

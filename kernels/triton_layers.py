@@ -16,6 +16,7 @@ import triton.language as tl
 
 from specserve.kernels import triton_gemv, triton_pdl, triton_prologue
 from specserve.kernels.interpreter import interpreting
+from specserve.kernels.jit_keys import settle_cache_keys
 from specserve.kernels.triton_attention import paged_attention
 from specserve.kernels.triton_decode_attention import decode_attention
 from specserve.kernels.triton_gemv import set_enabled as set_gemv
@@ -352,3 +353,6 @@ def set_fused_layer(flag: bool) -> None:
 
 def fused_layer_enabled() -> bool:
     return _fused_layer
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

@@ -52,6 +52,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from specserve.kernels.interpreter import interpreting
+from specserve.kernels.jit_keys import settle_cache_keys
 
 _enabled = True
 
@@ -108,3 +109,6 @@ def after_producer(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from specserve.kernels.jit_keys import settle_cache_keys
 
 PROLOGUE_WARPS = 4   # every kernel calling prologue_group runs it with these warps (same bits)
 
@@ -116,3 +117,6 @@ def constexprs(num_heads: int, num_kv_heads: int, head_dim: int, rotary_dims: in
                 D_PAD=triton.next_power_of_2(head_dim), HALF=half,
                 HALF_PAD=triton.next_power_of_2(max(half, 1)), TAIL=tail,
                 TAIL_PAD=triton.next_power_of_2(max(tail, 1)), BLOCK_SIZE=block_size)
+
+
+settle_cache_keys(globals())   # kernels/jit_keys.py: the same keys in every process
