@@ -25,6 +25,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,20 +110,26 @@ def compile_in_workers(job: SamplingWarmUp, workers: int, timeout_s: float = 900
     log.info("sampling kernels: compiling their variants in %d worker processes (an empty Triton "
              "cache; later start-ups read it from %s)", workers, triton_cache_dir())
     spec = json.dumps(asdict(job))
+    # each worker's stderr goes to a file of its own, read only if it fails: a pipe left unread
+    # while the parent waits on another worker would stall a worker that writes much
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(workers)]
     procs = [subprocess.Popen([sys.executable, "-m", "specserve.kernels.precompile", "--job", spec,
                                "--part", str(i), "--parts", str(workers)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=logs[i], text=True)
              for i in range(workers)]
     failed = []
     for i, p in enumerate(procs):
         try:
-            _, err = p.communicate(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+            p.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+            note = ""
         except subprocess.TimeoutExpired:
             p.kill()
-            _, err = p.communicate()
-            err = f"timed out after {timeout_s:.0f}s\n{err}"
+            p.wait()
+            note = f"timed out after {timeout_s:g}s"
         if p.returncode != 0:
-            failed.append((i, (err or "").strip().splitlines()[-3:]))
+            logs[i].seek(0)
+            failed.append((i, ([note] if note else []) + logs[i].read().strip().splitlines()[-3:]))
+        logs[i].close()
     seconds = time.monotonic() - t0
     if failed:
         log.warning("sampling kernels: %d of %d compile workers failed after %.1fs (the start-up "

@@ -91,3 +91,14 @@ def test_no_workers_means_nothing_runs(monkeypatch) -> None:
     monkeypatch.setattr(precompile.subprocess, "Popen",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("spawned")))
     assert not precompile.compile_in_workers(_job(), 0)
+
+
+def test_workers_past_the_time_limit_are_killed_and_reported(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    caplog.set_level(logging.INFO, logger="specserve.kernels")
+    job = _job()
+    # importing torch alone takes longer than this
+    assert not precompile.compile_in_workers(job, 2, timeout_s=0.2)
+    assert "timed out after 0.2s" in caplog.text
+    assert not precompile.marker_path(job).exists()
