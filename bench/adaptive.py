@@ -150,8 +150,9 @@ def fixed_k(core: EngineCore, k: int, extra_graphs: dict) -> Iterator[KControlle
 # A/B of the controller: a variant runs as config "adaptive:<name>", beside the default adaptive
 # controller, with its own acceptance estimates and cost model (same calibration), kept across
 # cells and the ramp as the default one's are.
-# Each names keyword arguments of AcceptanceModel ("acceptance") and KController ("controller").
-VARIANTS: dict[str, dict[str, dict]] = {
+# Each names keyword arguments of AcceptanceModel ("acceptance") and KController ("controller"),
+# or asks for the controller held at k = 0 ("hold_at_zero": True).
+VARIANTS: dict[str, dict] = {
     # cold acceptance estimates read as they are
     "no-optimism": {"acceptance": {"optimism": 0.0}},
     # an outcome counts half after 128 controller steps

@@ -233,24 +233,31 @@ def _launch_tp(config: EngineConfig, spec: ModelSpec, device: torch.device, dtyp
 
 def precompile_sampling(config: EngineConfig, vocab_size: int, num_spec: int, max_len: int,
                         dtype: torch.dtype, device: torch.device, backend: str) -> None:
-    """On a cold Triton cache, compile the sampler's kernel variants in worker processes before
-    the weights take the device's memory (kernels/precompile.py); the runner's warm-up then
-    reads them from the cache. The workers run the runner's own warm-up calls, so the arguments
-    here are the ones ``ModelRunner._warm_up_sampling`` passes. CUDA with Triton kernels only,
-    and not under tensor parallelism (its ranks start their own processes)."""
+    """On a cold Triton cache, compile the sampler's kernel variants in worker processes
+    (kernels/precompile.py) so that the runner's warm-up reads them from the cache; the server
+    calls it before the weights load. The workers make the runner's own warm-up calls
+    (``SpecSettings.sampler_warm_up``). CUDA with Triton kernels only, and not under tensor
+    parallelism (left out: not measured there). Only a speed-up: anything that goes wrong is
+    logged and the runner's warm-up compiles as before."""
     if device.type != "cuda" or backend != "triton" or config.tensor_parallel_size != 1:
         return
-    workers = config.compile_workers if config.compile_workers is not None else auto_workers()
-    if workers < 1:
-        return
-    spec_cfg = config.speculative
-    settings = SpecSettings(num_spec, max_len, spec_cfg.rejection_sample_method,
-                            spec_cfg.draft_sample_method)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    job = SamplingWarmUp(vocab_size, config.max_num_seqs, num_spec,
-                         settings.rejection_method, settings.store_probs, settings.store_probs,
-                         str(dtype).replace("torch.", ""), f"cuda:{index}")
-    compile_in_workers(job, workers)
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        workers = config.compile_workers
+        if workers is None:
+            workers = auto_workers(free_bytes=torch.cuda.mem_get_info(index)[0])
+        if workers < 1:
+            return
+        spec_cfg = config.speculative
+        settings = SpecSettings(num_spec, max_len, spec_cfg.rejection_sample_method,
+                                spec_cfg.draft_sample_method)
+        k_max, method, with_probs, store_probs = settings.sampler_warm_up
+        job = SamplingWarmUp(vocab_size, config.max_num_seqs, k_max, method, with_probs, store_probs,
+                             str(dtype).replace("torch.", ""), f"cuda:{index}")
+        compile_in_workers(job, workers)
+    except Exception as e:   # noqa: BLE001 - a speed-up must never stop the server starting
+        log.warning("sampling kernels: compiling in workers failed (%s: %s); the start-up "
+                    "warm-up compiles them instead", type(e).__name__, e)
 
 
 def load_models(config: EngineConfig) -> LoadedModels:

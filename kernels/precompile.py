@@ -33,9 +33,13 @@ from typing import Optional
 
 log = logging.getLogger("specserve.kernels")
 
-_SOURCES = ("triton_sampling.py", "sampling_triton_kernels.py", "triton_pdl.py", "philox.py",
-            "precompile.py")
+# host-side code that picks the variants the warm-up meets (the kernels' own source is in their
+# settled cache keys, kernels/jit_keys.py)
+_SOURCES = ("triton_sampling.py", "precompile.py")
 MAX_AUTO_WORKERS = 8
+# device memory one worker may take at its peak: a CUDA context and, at k_max 8 and 256
+# sequences, fp32 random logits (1.4 GB), their bf16 copy (0.7 GB) and q rows (1.2 GB)
+WORKER_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,19 @@ class SamplingWarmUp:
                                        getattr(torch, self.dtype), device, part=part, parts=parts)
 
 
-def auto_workers(cpus: Optional[int] = None) -> int:
-    """One worker per spare core, at most ``MAX_AUTO_WORKERS`` (each holds a CUDA context and
-    up to ~2 GB of warm-up tensors at k_max 8 and 256 sequences)."""
-    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-    return max(0, min(MAX_AUTO_WORKERS, cpus - 1))
+def auto_workers(cpus: Optional[int] = None, free_bytes: Optional[int] = None) -> int:
+    """One worker per spare core this process may run on, at most ``MAX_AUTO_WORKERS`` and as
+    many as ``free_bytes`` of device memory hold (``WORKER_BYTES`` each); 0 where that leaves
+    one or none (a single worker only adds its start-up to the server's own warm-up)."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    n = min(MAX_AUTO_WORKERS, cpus - 1)
+    if free_bytes is not None:
+        n = min(n, free_bytes // WORKER_BYTES)
+    return int(n) if n >= 2 else 0
 
 
 def triton_cache_dir() -> Path:
@@ -79,18 +91,26 @@ def triton_cache_dir() -> Path:
 
 
 def marker_path(job: SamplingWarmUp) -> Path:
-    """Where a finished run for ``job`` is recorded: the arguments, the device's name and
-    capability, torch's and Triton's versions and the kernels' source all change it."""
+    """Where a finished run for ``job`` is recorded: the arguments (the device by its name and
+    capability, not its index), torch's and Triton's versions, the sampling kernels' settled
+    cache keys and the host code that picks their variants all change it."""
     import torch
     import triton
 
-    here = Path(__file__).parent
-    h = hashlib.sha256(json.dumps(asdict(job), sort_keys=True).encode())
-    h.update(f"{torch.__version__} {triton.__version__}".encode())
-    dev = torch.device(job.device)
+    from specserve.kernels import sampling_triton_kernels, triton_pdl
+
+    fields = asdict(job)
+    dev = torch.device(fields.pop("device"))
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    h.update(f"{torch.__version__} {triton.__version__} {dev.type}".encode())
     if dev.type == "cuda":
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         h.update(f"{torch.cuda.get_device_name(index)} {torch.cuda.get_device_capability(index)}".encode())
+    for module in (triton_pdl, sampling_triton_kernels):
+        for name, fn in vars(module).items():
+            key = getattr(fn, "cache_key", None) if isinstance(fn, triton.runtime.JITFunction) else None
+            h.update(f"{name}={key or getattr(fn, '__qualname__', '')};".encode())
+    here = Path(__file__).parent
     for name in _SOURCES:
         h.update((here / name).read_bytes())
     return triton_cache_dir() / "specserve-precompiled" / h.hexdigest()[:32]
@@ -112,32 +132,47 @@ def compile_in_workers(job: SamplingWarmUp, workers: int, timeout_s: float = 900
     spec = json.dumps(asdict(job))
     # each worker's stderr goes to a file of its own, read only if it fails: a pipe left unread
     # while the parent waits on another worker would stall a worker that writes much
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "specserve.kernels.precompile", "--job", spec,
-                               "--part", str(i), "--parts", str(workers)],
-                              stdout=subprocess.DEVNULL, stderr=logs[i], text=True)
-             for i in range(workers)]
+    logs = [tempfile.TemporaryFile() for _ in range(workers)]
+    procs: list[subprocess.Popen] = []
     failed = []
-    for i, p in enumerate(procs):
-        try:
-            p.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
-            note = ""
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            note = f"timed out after {timeout_s:g}s"
-        if p.returncode != 0:
-            logs[i].seek(0)
-            failed.append((i, ([note] if note else []) + logs[i].read().strip().splitlines()[-3:]))
-        logs[i].close()
+    try:
+        for i in range(workers):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "specserve.kernels.precompile", "--job", spec,
+                 "--part", str(i), "--parts", str(workers)],
+                stdout=subprocess.DEVNULL, stderr=logs[i]))
+        for i, p in enumerate(procs):
+            try:
+                p.wait(timeout=max(0.01, timeout_s - (time.monotonic() - t0)))
+                note = []
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                note = [f"timed out after {timeout_s:g}s"]
+            if p.returncode != 0:
+                logs[i].seek(0)
+                text = logs[i].read().decode("utf-8", errors="replace")
+                failed.append((i, note + text.strip().splitlines()[-3:]))
+    except OSError as e:   # the workers could not start: the server compiles on its own
+        failed.append((len(procs), [f"{type(e).__name__}: {e}"]))
+    finally:
+        for p in procs:    # none outlives this call (an interrupt, an error above)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
     seconds = time.monotonic() - t0
     if failed:
         log.warning("sampling kernels: %d of %d compile workers failed after %.1fs (the start-up "
                     "warm-up compiles their variants instead): %s", len(failed), workers, seconds,
                     "; ".join(f"worker {i}: {' | '.join(lines)}" for i, lines in failed))
         return False
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(spec + "\n")
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(spec + "\n")
+    except OSError as e:   # a read-only cache: the next start-up runs the workers again
+        log.warning("sampling kernels: could not record the compiled variants at %s: %s", marker, e)
     log.info("sampling kernels: compiled in %.1fs by %d workers", seconds, workers)
     return True
 

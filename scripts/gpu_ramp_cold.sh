@@ -4,9 +4,8 @@
 # show the workers at the bench's own configuration (k_max 8, 256 sequences).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-bash scripts/gpu_run.sh none > /dev/null 2>&1
+OUT="$OUT" bash scripts/gpu_run.sh none > /dev/null 2>&1     # installs the wheels, writes $OUT/env.txt
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-cp /tmp/out/env.txt "$OUT/" 2>/dev/null; git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null
 {
   for mode in ${COLD_MODES:-serial workers}; do
     timeout 240 python3 scripts/cold_compile_ab.py --mode "$mode" --max-reqs "${COLD_REQS:-64}" \

@@ -102,12 +102,11 @@ class ModelRunner:
     def _warm_up_sampling(self, max_num_seqs: int, dtype: torch.dtype) -> None:
         """Compile the sampler's kernel variants now rather than in the middle of traffic."""
         t0 = time.monotonic()
-        spec = self.spec
-        calls = ops.warm_up_sampling(self.vocab_size, max_num_seqs, spec.num_speculative_tokens,
-                                     spec.rejection_method, spec.store_probs, spec.store_probs, dtype,
-                                     self.device)
+        calls = ops.warm_up_sampling(self.vocab_size, max_num_seqs, *self.spec.sampler_warm_up,
+                                     dtype, self.device)
         if calls:
-            log.info("warmed up %d sampling kernel variants in %.1fs", calls, time.monotonic() - t0)
+            log.info("sampling kernels: warm-up of %d calls in %.1fs (compiling what Triton's cache "
+                     "lacks)", calls, time.monotonic() - t0)
 
     def _model_kv(self, which: str) -> tuple[LlamaFamilyModel, list[KVCache]]:
         """The model called ``which`` ("target" or "draft") and its KV cache."""

@@ -28,6 +28,13 @@ class SpecSettings:
                 and self.rejection_method == "probabilistic")
 
     @property
+    def sampler_warm_up(self) -> tuple[int, str, bool, bool]:
+        """(k_max, method, with_probs, store_probs) of the sampler's warm-up: what
+        ModelRunner's warm-up and the compile workers before it (kernels/precompile.py) pass,
+        so the workers compile the variants the runner meets."""
+        return self.num_speculative_tokens, self.rejection_method, self.store_probs, self.store_probs
+
+    @property
     def greedy_drafts(self) -> bool:
         return self.draft_sample_method == "greedy"
 

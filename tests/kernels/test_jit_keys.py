@@ -6,7 +6,6 @@ these orders gave three different keys for final_race_kernel (Triton 3.6)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -14,7 +13,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+from specserve.kernels.interpreter import interpreting  # noqa: E402
+
+if interpreting():
     pytest.skip("interpreted kernels have no cache keys", allow_module_level=True)
 
 MODULES = ("sampling_triton_kernels", "triton_layers", "triton_gemv", "triton_decode_attention")

@@ -45,10 +45,15 @@ def test_a_part_outside_the_parts_is_refused(monkeypatch) -> None:
         _calls(monkeypatch, 2, 2)
 
 
-def test_auto_workers_leaves_a_core_and_caps() -> None:
+def test_auto_workers_leaves_a_core_caps_and_fits_the_memory() -> None:
     assert precompile.auto_workers(1) == 0
+    assert precompile.auto_workers(2) == 0          # one worker would only add its start-up
     assert precompile.auto_workers(3) == 2
     assert precompile.auto_workers(128) == precompile.MAX_AUTO_WORKERS
+    gb = precompile.WORKER_BYTES
+    assert precompile.auto_workers(128, free_bytes=5 * gb + 1) == 5
+    assert precompile.auto_workers(128, free_bytes=gb) == 0
+    assert precompile.auto_workers() >= 0           # this machine's affinity
 
 
 def _job(method: str = "probabilistic") -> precompile.SamplingWarmUp:
@@ -102,3 +107,14 @@ def test_workers_past_the_time_limit_are_killed_and_reported(tmp_path, monkeypat
     assert not precompile.compile_in_workers(job, 2, timeout_s=0.2)
     assert "timed out after 0.2s" in caplog.text
     assert not precompile.marker_path(job).exists()
+
+
+def test_workers_that_cannot_start_are_reported(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="specserve.kernels")
+
+    def no_fork(*a, **k):
+        raise OSError("fork refused")
+    monkeypatch.setattr(precompile.subprocess, "Popen", no_fork)
+    assert not precompile.compile_in_workers(_job(), 3)
+    assert "fork refused" in caplog.text
