@@ -135,10 +135,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "0 runs them eagerly (default %(default)s)")
     c.add_argument("--compile-workers", type=int, default=d.compile_workers,
                    help="on a GPU with an empty Triton cache, processes that compile the "
-                        "sampler's kernel variants in parallel before the weights load (at k = 8 "
-                        "and 256 sequences, 159 variants took 185 s in the server process alone); "
+                        "sampler's kernel variants in parallel before the weights load (a few "
+                        "minutes of compiling in the server process alone at large k and batch); "
                         "later start-ups read them from Triton's cache and skip this. Default: one "
-                        "per spare CPU core, at most 8; 0 compiles them in the server process")
+                        "per spare CPU core, at most 8 and as many as free GPU memory holds at 4 GB "
+                        "each; 0 compiles them in the server process")
     c.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    default=d.async_scheduling,
                    help="overlap the host's work with the GPU's (exact; default on): a plain "
