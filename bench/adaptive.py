@@ -397,6 +397,13 @@ def ramp_arrivals(s: AdaptiveSettings) -> list[float]:
     return out
 
 
+def warm_ramp_settings(s: AdaptiveSettings) -> AdaptiveSettings:
+    """A short ramp run once per config before the timed ones: mixed prefill + decode steps
+    appear only in the ramp, so their kernels compile here, not inside a timed run."""
+    return replace(s, ramp_requests=max(2, s.ramp_requests // 8),
+                   ramp_output_len=min(16, s.ramp_output_len))
+
+
 def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str) -> dict:
     """Staggered arrivals, fixed lengths, first in first out: the batch goes 1 -> peak -> 1."""
     vocab = core.info.vocab_size
@@ -440,8 +447,7 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
     which was best or by how much. A config shows its median run, with every run's tok/s in
     ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
     engine, paired, order = _run_plan(core, plain_core, configs, repeats, repeat_all=True)
-    # mixed prefill + decode steps appear only here: compile their kernels before timing
-    warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=min(16, s.ramp_output_len))
+    warm = warm_ramp_settings(s)
     for c in configs:
         with _config(engine[c], c, extra_graphs, variants):
             run_ramp(engine[c], warm, temperature, f"{label}-ramp-warm-{c}")

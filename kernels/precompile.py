@@ -108,8 +108,8 @@ def marker_path(job: SamplingWarmUp) -> Path:
         h.update(f"{torch.cuda.get_device_name(index)} {torch.cuda.get_device_capability(index)}".encode())
     for module in (triton_pdl, sampling_triton_kernels):
         for name, fn in vars(module).items():
-            key = getattr(fn, "cache_key", None) if isinstance(fn, triton.runtime.JITFunction) else None
-            h.update(f"{name}={key or getattr(fn, '__qualname__', '')};".encode())
+            if isinstance(fn, triton.runtime.JITFunction):
+                h.update(f"{name}={fn.cache_key};".encode())
     here = Path(__file__).parent
     for name in _SOURCES:
         h.update((here / name).read_bytes())

@@ -16,7 +16,6 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from specserve.bench import adaptive as ad
@@ -50,7 +49,7 @@ def main() -> None:
     names = tuple(c.split(":", 1)[1] for c in configs if c.startswith("adaptive:"))
     variants = ad.variant_controllers(core, names)
     engine = {c: plain if c == "plain" else core for c in configs}
-    warm = replace(s, ramp_requests=max(2, s.ramp_requests // 8), ramp_output_len=16)
+    warm = ad.warm_ramp_settings(s)
     for c in configs:
         with ad._config(engine[c], c, extra, variants):
             ad.run_ramp(engine[c], warm, a.temperature, f"warm-{c}")
