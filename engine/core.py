@@ -40,6 +40,7 @@ class _Parent:
     prompt_token_ids: list[int]
     prompt_text: Optional[str]
     children: list[Request]
+    final_only: bool = False   # the caller reads its final output only (``add_request``)
 
 
 class EngineCore:
@@ -140,7 +141,13 @@ class EngineCore:
         return self._grammars
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt_text: Optional[str] = None, arrival: Optional[float] = None) -> None:
+                    prompt_text: Optional[str] = None, arrival: Optional[float] = None,
+                    final_only: bool = False) -> None:
+        """Queue a request. ``final_only``: ``step`` returns its output once, when every one of
+        its sequences has finished, instead of a cumulative output after each step that gave it
+        tokens (vLLM's FINAL_ONLY output kind: offline generation reads nothing in between, and
+        building an output per request per step is host work on the critical path of a large
+        batch). ``abort`` and ``fail_all`` return its output as for any request."""
         if request_id in self._parents:
             raise ParamError("request_id", f"request id {request_id!r} is already in use")
         max_tokens = self.validate(prompt_token_ids, params)
@@ -159,7 +166,8 @@ class EngineCore:
             if params.structured_outputs is not None:
                 req.grammar = self.grammar_compiler().new_state(params.structured_outputs)
             children.append(req)
-        self._parents[request_id] = _Parent(request_id, list(prompt_token_ids), prompt_text, children)
+        self._parents[request_id] = _Parent(request_id, list(prompt_token_ids), prompt_text, children,
+                                            final_only)
         for req in children:
             self.scheduler.add(req)
 
@@ -260,8 +268,10 @@ class EngineCore:
                 detok.add(tok, check_stop=False)
         outputs = []
         for parent in touched.values():
-            outputs.append(self._output(parent))
-            if all(c.is_finished for c in parent.children):
+            done = all(c.is_finished for c in parent.children)
+            if done or not parent.final_only:
+                outputs.append(self._output(parent))
+            if done:
                 self._retire(parent)
         stats.step_seconds = time.monotonic() - t0 - self._launch_seconds + launch_seconds
         if self.spec_control is not None:

@@ -60,7 +60,8 @@ class LLM:
         try:
             for prompt, ids, p in zip(prompts, encoded, plist):
                 rid = f"llm-{next(self._ids)}"
-                self.core.add_request(rid, ids, p, prompt if isinstance(prompt, str) else None)
+                self.core.add_request(rid, ids, p, prompt if isinstance(prompt, str) else None,
+                                      final_only=True)   # only the finished outputs are read
                 order.append(rid)
             while self.core.has_unfinished():
                 outputs, _ = self.core.step()

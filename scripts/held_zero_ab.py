@@ -4,6 +4,7 @@ device: the same sampled decode steps, so any difference is the adaptive engine'
 ms a step and the median step.
 
     PYTHONPATH=/tmp/site:$PWD python3 scripts/held_zero_ab.py --batch 64 --temperature 1 [--profile]
+        [--host-profile] [--engines plain,mid] [--outputs both]
 """
 from __future__ import annotations
 
@@ -26,42 +27,73 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, a torch.profiler table of 20 steps of each engine")
+    p.add_argument("--host-profile", action="store_true",
+                   help="after the rounds, a cProfile table of 100 steps of each engine's host work")
+    p.add_argument("--engines", default="plain,self,mid",
+                   help="comma-separated engines: plain (no draft), self (self-draft), mid (truncated draft)")
+    p.add_argument("--outputs", choices=("each-step", "final-only", "both"), default="each-step",
+                   help="the requests' outputs: built after every step (as a stream reads them), "
+                        "only when they finish (EngineCore.add_request final_only, as LLM.generate "
+                        "asks), or both, each engine once each way per round")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = p.parse_args()
     s = ad.script_settings((a.batch,), (a.temperature,))
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
-    cores = {"plain": ad.build_core(cache, dirs["target"], None, s),
-             "self": ad.build_core(cache, dirs["target"], dirs["target"], s),
-             "mid": ad.build_core(cache, dirs["target"], dirs["mid"], s)}
+    drafts = {"plain": None, "self": dirs["target"], "mid": dirs["mid"]}
+    cores = {e: ad.build_core(cache, dirs["target"], drafts[e], s) for e in a.engines.split(",")}
     for core in cores.values():
         if core.spec_control is not None:
             ad.hold_at_zero(core.spec_control.controller)
-    for rnd in range(a.rounds + (1 if a.profile else 0)):
-        for name, core in cores.items():
+    finals = {"each-step": (False,), "final-only": (True,), "both": (False, True)}[a.outputs]
+    runs = [(f"{e}{'/final' if f else ''}", core, f) for e, core in cores.items() for f in finals]
+    extra = int(a.profile) + int(a.host_profile)
+    for rnd in range(a.rounds + extra):
+        for name, core, final_only in runs:
             ids = [f"{name}{rnd}-{i}" for i in range(a.batch)]
             for rid, prompt in zip(ids, random_prompts(a.batch, 32, core.info.vocab_size, 7 + rnd)):
                 core.add_request(rid, prompt, SamplingParams(temperature=a.temperature, max_tokens=400,
-                                                             ignore_eos=True))
+                                                             ignore_eos=True), final_only=final_only)
             for _ in range(12):
                 core.step()
-            if rnd == a.rounds:
-                _profile(name, core)
+            if rnd >= a.rounds:
+                if a.host_profile and rnd == a.rounds + extra - 1:
+                    _host_profile(name, core)
+                else:
+                    _profile(name, core)
             else:
                 _time(name, core, rnd, a)
             core.abort(ids)
 
 
 def _time(name: str, core, rnd: int, a: argparse.Namespace) -> None:
-    ms, ks = [], set()
+    ms, ks, busy = [], set(), []
     t0 = time.perf_counter()
     for _ in range(a.steps):
         _, st = core.step()
         ms.append(st.step_seconds * 1e3)
+        if st.host_wait_seconds is not None:   # the host's own work: the step less its wait
+            busy.append((st.step_seconds - st.host_wait_seconds) * 1e3)
         ks.add(st.max_chosen_k)
     dt = (time.perf_counter() - t0) / a.steps * 1e3
     ms.sort()
-    print(f"round {rnd} {name:5s} B={a.batch} T={a.temperature:g}: {dt:.3f} ms/step mean, "
-          f"step p50 {ms[len(ms) // 2]:.3f}, k chosen {sorted(ks)}", flush=True)
+    host = f", host busy {sum(busy) / len(busy):.3f} ms/step" if busy else ""
+    print(f"round {rnd} {name:11s} B={a.batch} T={a.temperature:g}: {dt:.3f} ms/step mean, "
+          f"step p50 {ms[len(ms) // 2]:.3f}{host}, k chosen {sorted(ks)}", flush=True)
+
+
+def _host_profile(name: str, core, steps: int = 100) -> None:
+    """The host's Python over ``steps`` steps by function (cProfile, own time): where an
+    engine's host work goes, to set beside another's."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        core.step()
+    prof.disable()
+    print(f"== {name}: host functions over {steps} steps (cProfile, by own time)", flush=True)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
 def _profile(name: str, core) -> None:

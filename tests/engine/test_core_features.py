@@ -122,6 +122,54 @@ def test_each_steps_output_keeps_its_token_ids_and_logprobs_after_later_steps(ma
     assert len({len(c.token_ids) for c in history}) == len(history)   # each step adds tokens
 
 
+def test_final_only_requests_report_once_with_the_streamed_result(make_llm, prompts):
+    """``add_request(final_only=True)`` (what LLM.generate asks): no output until every sequence
+    of the request has finished, then one output equal to the last cumulative output of the same
+    request run beside it; an abort still reports it; everything is freed."""
+    llm = make_llm(MODEL)
+    core = llm.core
+    ps = prompts([12, 20], seed=41)
+    seeded = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True, logprobs=1)
+    for tag, final_only in (("each", False), ("final", True)):
+        core.add_request(f"{tag}-greedy", ps[0], _greedy(9, stop=["zzzz"]), final_only=final_only)
+        core.add_request(f"{tag}-pair", ps[1], seeded, final_only=final_only)
+    core.add_request("gone", ps[0], _greedy(30), final_only=True)
+    seen: dict[str, list] = {}
+    for step in range(200):
+        if not core.has_unfinished():
+            break
+        outs, _ = core.step()
+        for o in outs:
+            seen.setdefault(o.request_id, []).append(o)
+        if step == 2:
+            (aborted,) = core.abort(["gone"])
+            assert aborted.finished and aborted.outputs[0].finish_reason == FinishReason.ABORT
+    assert not core.has_unfinished()
+    assert "gone" not in seen
+    for name in ("greedy", "pair"):
+        each, final = seen[f"each-{name}"], seen[f"final-{name}"]
+        assert len(each) > 2 and len(final) == 1 and final[0].finished
+        a, b = each[-1], final[0]
+        assert [c.text for c in a.outputs] == [c.text for c in b.outputs]
+        assert [list(c.token_ids) for c in a.outputs] == [list(c.token_ids) for c in b.outputs]
+        assert [c.finish_reason for c in a.outputs] == [c.finish_reason for c in b.outputs]
+        for ca, cb in zip(a.outputs, b.outputs):   # (rows of another batch: float noise only)
+            assert (ca.logprobs is None) == (cb.logprobs is None)
+            for la, lb in zip(ca.logprobs or [], cb.logprobs or []):
+                assert la.token_id == lb.token_id and abs(la.logprob - lb.logprob) <= LOGPROB_ATOL
+            assert len(ca.logprobs or []) == len(cb.logprobs or [])
+    assert not core.scheduler.requests and core.kv.pool.num_free == core.kv.num_blocks
+
+
+def test_llm_generate_reads_final_outputs_only(make_llm, prompts):
+    """LLM.generate gives each prompt its finished output (its requests are final-only)."""
+    llm = make_llm(MODEL)
+    ps = prompts([10, 15], seed=43)
+    outs = llm.generate(ps, _greedy(7))
+    assert [o.request_id for o in outs] == sorted(o.request_id for o in outs)
+    assert all(o.finished and len(o.outputs[0].token_ids) == 7 for o in outs)
+
+
 def _first_new_token(tokens: list[int], start: int) -> int:
     for i in range(start, len(tokens)):
         if tokens[i] not in tokens[:i] and tokens[i] != EOS:
