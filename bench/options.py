@@ -46,6 +46,7 @@ class BenchOptions:
     serve_concurrency: tuple[int, ...] = (1, 16, 64)
     serve_requests: Optional[int] = None    # per level; default 2 x concurrency, at least 8, at most 128
     serve_output_len: int = 64
+    serve_stream: bool = True               # False: responses in one body (no TTFT / ITL / TPOT)
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
     cpu_threads: Optional[int] = None       # torch intra-op threads on CPU (None: torch's default)
@@ -160,6 +161,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-requests", type=int, default=None, help="requests per concurrency level")
     p.add_argument("--serve-output-len", type=int, default=None,
                    help="tokens per request in the serve section (default 64)")
+    p.add_argument("--serve-no-stream", dest="serve_stream", action="store_const", const=False,
+                   default=None, help="the serve section's requests ask for one JSON body, not a "
+                                      "stream (throughput and E2E only)")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on CPU (--quick: 1; tiny ops on a busy machine run far "
                         "faster single-threaded)")

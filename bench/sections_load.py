@@ -156,10 +156,10 @@ def serve(ctx: BenchContext) -> Section:
         model = server.wait_ready(o.serve_timeout)
         vocab = _vocab(argv)
         warm = random_prompts(2, o.prompt_len, vocab, o.seed + 77)
-        run_level(server.url, model, warm, o.serve_output_len, 2)
+        run_level(server.url, model, warm, o.serve_output_len, 2, stream=o.serve_stream)
         for c in o.serve_concurrency:
             prompts = random_prompts(o.requests_for(c), o.prompt_len, vocab, o.seed + 1000 + c)
-            lvl = run_level(server.url, model, prompts, o.serve_output_len, c)
+            lvl = run_level(server.url, model, prompts, o.serve_output_len, c, stream=o.serve_stream)
             levels.append(lvl)
             rows.append(_serve_row(lvl))
             ctx.log(f"serve: concurrency {c}: {lvl['output_tok_per_s']:.1f} tok/s, TTFT p50 "
@@ -168,9 +168,11 @@ def serve(ctx: BenchContext) -> Section:
         command = " ".join(server.command)
     return Section("serve", title, cols, rows,
                    notes=[f"{model_desc}; prompts of {o.prompt_len} random token ids, {o.serve_output_len} "
-                          "output tokens, greedy, ignore_eos, streaming /v1/completions with "
-                          "return_token_ids (ITL = gap between SSE chunks; one chunk may carry several "
-                          "accepted tokens).",
+                          "output tokens, greedy, ignore_eos, "
+                          + ("streaming /v1/completions with return_token_ids (ITL = gap between SSE "
+                             "chunks; one chunk may carry several accepted tokens)." if o.serve_stream else
+                             "/v1/completions answered in one JSON body (--serve-no-stream: no TTFT, "
+                             "ITL or TPOT; E2E is send to the whole body)."),
                           "Acceptance from /metrics before and after each level: rate = accepted / "
                           "draft tokens, length = 1 + accepted / drafts, per position = accepted_per_pos / drafts.",
                           f"Server command: `{command}` (log: serve.log)."],

@@ -151,6 +151,8 @@ class RequestRecord:
 
 
 async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
+    if not body["stream"]:
+        return await _one_body(client, url, body)
     rec = RequestRecord(time.perf_counter())
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -179,16 +181,36 @@ async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
     return rec
 
 
+async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
+    """A request answered in one JSON body: its tokens arrive together, as one chunk."""
+    rec = RequestRecord(time.perf_counter())
+    try:
+        resp = await client.post(url + "/v1/completions", json=body)
+        if resp.status_code != 200:
+            rec.error = f"HTTP {resp.status_code}: {resp.text[:300]!r}"
+            return rec
+        obj = resp.json()
+        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+        rec.chunks.append((time.perf_counter(), n))
+        rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+    except httpx.HTTPError as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        rec.end = time.perf_counter()
+    return rec
+
+
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,
-                 concurrency: int, timeout: float) -> tuple[list[RequestRecord], float]:
+                 concurrency: int, timeout: float, stream: bool = True) -> tuple[list[RequestRecord], float]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         async def bounded(prompt: list[int]) -> RequestRecord:
             body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-                    "ignore_eos": True, "stream": True, "return_token_ids": True,
-                    "stream_options": {"include_usage": True}}
+                    "ignore_eos": True, "stream": stream, "return_token_ids": True}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
             async with sem:
                 return await _one_request(client, url, body)
 
@@ -205,11 +227,14 @@ def _stats_ms(xs: list[float]) -> dict:
     return out
 
 
-def summarize(records: list[RequestRecord], duration: float) -> dict:
+def summarize(records: list[RequestRecord], duration: float, stream: bool = True) -> dict:
+    """Throughput and latency percentiles of one level; without a stream the tokens arrive at
+    the end, so TTFT, ITL and TPOT are not measured (None)."""
     ok = [r for r in records if r.error is None and r.chunks]
-    ttft = [r.chunks[0][0] - r.start for r in ok]
-    itl = [b[0] - a[0] for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
-    tpot = [(r.chunks[-1][0] - r.chunks[0][0]) / (r.num_tokens - 1) for r in ok if r.num_tokens > 1]
+    timed = ok if stream else []
+    ttft = [r.chunks[0][0] - r.start for r in timed]
+    itl = [b[0] - a[0] for r in timed for a, b in zip(r.chunks, r.chunks[1:])]
+    tpot = [(r.chunks[-1][0] - r.chunks[0][0]) / (r.num_tokens - 1) for r in timed if r.num_tokens > 1]
     e2e = [r.end - r.start for r in ok]
     tokens = sum(r.num_tokens for r in ok)
     mismatched = sum(1 for r in ok if r.completion_tokens is not None and r.completion_tokens != r.num_tokens)
@@ -222,10 +247,11 @@ def summarize(records: list[RequestRecord], duration: float) -> dict:
 
 
 def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int,
-              timeout: float = 600.0) -> dict:
-    """One concurrency level: the load, its latency summary and the /metrics acceptance delta."""
+              timeout: float = 600.0, stream: bool = True) -> dict:
+    """One concurrency level: the load, its latency summary and the /metrics acceptance delta.
+    ``stream``: SSE streams (else one JSON body per request)."""
     before = scrape_spec_counters(url)
-    records, duration = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout))
+    records, duration = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout, stream))
     after = scrape_spec_counters(url)
-    return {"concurrency": concurrency, **summarize(records, duration),
+    return {"concurrency": concurrency, "stream": stream, **summarize(records, duration, stream),
             "spec_decode": after.minus(before).summary()}

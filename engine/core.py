@@ -147,7 +147,9 @@ class EngineCore:
         its sequences has finished, instead of a cumulative output after each step that gave it
         tokens (vLLM's FINAL_ONLY output kind: offline generation reads nothing in between, and
         building an output per request per step is host work on the critical path of a large
-        batch). ``abort`` and ``fail_all`` return its output as for any request."""
+        batch). ``abort`` and ``fail_all`` return its output as for any request. The server does
+        not ask for it: its responses in one body read slower with it under load on an H200
+        (README, 2026-11-29), for a reason not found."""
         if request_id in self._parents:
             raise ParamError("request_id", f"request id {request_id!r} is already in use")
         max_tokens = self.validate(prompt_token_ids, params)

@@ -188,6 +188,34 @@ def test_serve_levels_add_up(bench_run):
     assert (bench_run["out"] / "serve.log").exists()
 
 
+def test_serve_levels_without_streams(tmp_path):
+    """--serve-no-stream: every request answered in one JSON body by a real server; the client's
+    tokens are the usage blocks' and /metrics' counts, and the latencies a body cannot time
+    (TTFT, ITL, TPOT) are not reported."""
+    root = tmp_path
+    target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
+    out = root / "out"
+    cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
+           "--sections", "serve", "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
+           "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
+           "--serve-output-len", str(SERVE_OUTPUT), "--serve-no-stream", "--no-plots"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    s = _section({"doc": json.loads((out / "bench.json").read_text())}, "serve")
+    levels = s["data"]["levels"]
+    assert [lvl["concurrency"] for lvl in levels] == list(SERVE_CONCURRENCY)
+    for lvl in levels:
+        n = lvl["num_requests"]
+        assert not lvl["stream"] and lvl["failed"] == 0 and lvl["completed"] == n, lvl["errors"]
+        assert lvl["output_tokens"] == n * SERVE_OUTPUT == lvl["spec_decode"]["generation_tokens"]
+        assert lvl["usage_mismatches"] == 0
+        assert all(lvl[m]["p50"] is None for m in ("ttft_ms", "itl_ms", "tpot_ms"))
+        assert 0 < lvl["e2e_ms"]["p50"] <= lvl["e2e_ms"]["p99"]
+    assert "one JSON body" in (out / "bench.md").read_text()
+
+
 def test_sampler_section(bench_run):
     s = bench_run["doc"]["sections"]["sampler"]
     if not (REPO / "bench" / "rejection_sampler.py").exists():
