@@ -47,6 +47,7 @@ class BenchOptions:
     serve_requests: Optional[int] = None    # per level; default 2 x concurrency, at least 8, at most 128
     serve_output_len: int = 64
     serve_stream: bool = True               # False: responses in one body (no TTFT / ITL / TPOT)
+    serve_log_level: str = "warning"        # the server's --log-level (serve.log)
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
     cpu_threads: Optional[int] = None       # torch intra-op threads on CPU (None: torch's default)
@@ -164,6 +165,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-no-stream", dest="serve_stream", action="store_const", const=False,
                    default=None, help="the serve section's requests ask for one JSON body, not a "
                                       "stream (throughput and E2E only)")
+    p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
+                   help="the serve section's server log level (default warning; at info its stats "
+                        "line lands in serve.log every second)")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch threads on CPU (--quick: 1; tiny ops on a busy machine run far "
                         "faster single-threaded)")

@@ -152,7 +152,7 @@ def serve(ctx: BenchContext) -> Section:
     ctx.log(f"serve: starting specserve serve ({model_desc})")
     rows, levels = [], []
     env = {"OMP_NUM_THREADS": str(o.cpu_threads)} if o.cpu_threads else None
-    with ServerProcess(argv, ctx.out / "serve.log", REPO_ROOT, env) as server:
+    with ServerProcess(argv, ctx.out / "serve.log", REPO_ROOT, env, o.serve_log_level) as server:
         model = server.wait_ready(o.serve_timeout)
         vocab = _vocab(argv)
         warm = random_prompts(2, o.prompt_len, vocab, o.seed + 77)

@@ -41,12 +41,15 @@ class ServerProcess:
     """``python -m server.cli serve ARGV --host 127.0.0.1 --port P`` as a child process."""
 
     def __init__(self, argv: Sequence[str], log_path: Path, cwd: Path,
-                 extra_env: Optional[dict[str, str]] = None):
+                 extra_env: Optional[dict[str, str]] = None, log_level: str = "warning"):
+        """``log_level``: the server's; at info or debug its stats line comes every second."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [sys.executable, "-m", "specserve.server.cli", "serve", *argv, "--host", "127.0.0.1",
-               "--port", str(self.port), "--log-level", "warning", "--no-access-log"]
+               "--port", str(self.port), "--log-level", log_level, "--no-access-log"]
+        if log_level in ("info", "debug"):
+            cmd += ["--log-stats-interval", "1"]
         self.command = cmd
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
         self._log = open(log_path, "wb")

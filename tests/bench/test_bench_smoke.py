@@ -191,7 +191,8 @@ def test_serve_levels_add_up(bench_run):
 def test_serve_levels_without_streams(tmp_path):
     """--serve-no-stream: every request answered in one JSON body by a real server; the client's
     tokens are the usage blocks' and /metrics' counts, and the latencies a body cannot time
-    (TTFT, ITL, TPOT) are not reported."""
+    (TTFT, ITL, TPOT) are not reported; at --serve-log-level info the server's stats line is in
+    serve.log."""
     root = tmp_path
     target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
     draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
@@ -199,7 +200,8 @@ def test_serve_levels_without_streams(tmp_path):
     cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
            "--sections", "serve", "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
-           "--serve-output-len", str(SERVE_OUTPUT), "--serve-no-stream", "--no-plots"]
+           "--serve-output-len", str(SERVE_OUTPUT), "--serve-no-stream", "--serve-log-level", "info",
+           "--no-plots"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -214,6 +216,7 @@ def test_serve_levels_without_streams(tmp_path):
         assert all(lvl[m]["p50"] is None for m in ("ttft_ms", "itl_ms", "tpot_ms"))
         assert 0 < lvl["e2e_ms"]["p50"] <= lvl["e2e_ms"]["p99"]
     assert "one JSON body" in (out / "bench.md").read_text()
+    assert "specserve.stats" in (out / "serve.log").read_text()   # --serve-log-level info: stats lines
 
 
 def test_sampler_section(bench_run):
