@@ -73,8 +73,10 @@ def plot_serve(section: Section, out: Path) -> Optional[Path]:
     a1.plot(cs, [lvl["output_tok_per_s"] for lvl in levels], marker="o")
     a1.set_xlabel("concurrency")
     a1.set_ylabel("output tokens/s")
-    for metric in ("ttft_ms", "itl_ms", "tpot_ms"):
-        a2.plot(cs, [lvl[metric]["p50"] or 0 for lvl in levels], marker="o", label=f"{metric[:-3].upper()} p50")
+    for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):   # (bodies time E2E only: None)
+        pts = [(c, lvl[metric]["p50"]) for c, lvl in zip(cs, levels) if lvl[metric]["p50"] is not None]
+        if pts:
+            a2.plot(*zip(*pts), marker="o", label=f"{metric[:-3].upper()} p50")
     a2.set_xlabel("concurrency")
     a2.set_ylabel("ms")
     a2.legend(fontsize=8)

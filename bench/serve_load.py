@@ -194,7 +194,8 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
             return rec
         obj = resp.json()
         n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-        rec.chunks.append((time.perf_counter(), n))
+        if n:   # (a body without tokens counts as failed, as an empty stream does)
+            rec.chunks.append((time.perf_counter(), n))
         rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"

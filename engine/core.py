@@ -148,8 +148,8 @@ class EngineCore:
         tokens (vLLM's FINAL_ONLY output kind: offline generation reads nothing in between, and
         building an output per request per step is host work on the critical path of a large
         batch). ``abort`` and ``fail_all`` return its output as for any request. The server does
-        not ask for it yet: on an H200 its two runs with it at concurrency 64 both fell into a
-        slow mode that the server also shows without it (2 of 7 levels; README, 2026-11-29)."""
+        not ask for it: its metrics count tokens and time inter-token latency from the per-step
+        outputs (server/metrics.py)."""
         if request_id in self._parents:
             raise ParamError("request_id", f"request id {request_id!r} is already in use")
         max_tokens = self.validate(prompt_token_ids, params)

@@ -37,6 +37,9 @@ def main() -> None:
                         "asks), or both, each engine once each way per round")
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = p.parse_args()
+    unknown = set(a.engines.split(",")) - {"plain", "self", "mid"}
+    if unknown:
+        p.error(f"--engines: unknown {sorted(unknown)}; choose from plain, self, mid")
     s = ad.script_settings((a.batch,), (a.temperature,))
     dirs, cache = ad.script_models(Path("/tmp/decisions"), s, a.tiny)
     drafts = {"plain": None, "self": dirs["target"], "mid": dirs["mid"]}

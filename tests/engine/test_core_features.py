@@ -129,7 +129,9 @@ def test_final_only_requests_report_once_with_the_streamed_result(make_llm, prom
     llm = make_llm(MODEL)
     core = llm.core
     ps = prompts([12, 20], seed=41)
-    seeded = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True, logprobs=1)
+    # three sequences that stop on different tokens, so they finish in different steps
+    seeded = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=12, ignore_eos=True, logprobs=1,
+                            stop_token_ids=list(range(1, 300, 7)))
     for tag, final_only in (("each", False), ("final", True)):
         core.add_request(f"{tag}-greedy", ps[0], _greedy(9, stop=["zzzz"]), final_only=final_only)
         core.add_request(f"{tag}-pair", ps[1], seeded, final_only=final_only)
@@ -165,7 +167,15 @@ def test_llm_generate_reads_final_outputs_only(make_llm, prompts):
     """LLM.generate gives each prompt its finished output (its requests are final-only)."""
     llm = make_llm(MODEL)
     ps = prompts([10, 15], seed=43)
+    step, returned = llm.core.step, []
+
+    def spy():
+        outputs, stats = step()
+        returned.extend(outputs)
+        return outputs, stats
+    llm.core.step = spy
     outs = llm.generate(ps, _greedy(7))
+    assert len(returned) == 2 and all(o.finished for o in returned)   # nothing before the end
     assert [o.request_id for o in outs] == sorted(o.request_id for o in outs)
     assert all(o.finished and len(o.outputs[0].token_ids) == 7 for o in outs)
 
