@@ -28,17 +28,26 @@ SERVE_CONCURRENCY = (1, 4)
 SERVE_OUTPUT = 8
 
 
+def _tiny_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny qwen3 target and a draft that is its slightly perturbed copy (high acceptance)."""
+    target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
+    return target, make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
+
+
+def _bench_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("bench")
-    target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
+    target, draft = _tiny_pair(root)
     out = root / "out"
     cmd = [sys.executable, "-m", "specserve.server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
            "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
            "--serve-output-len", str(SERVE_OUTPUT)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = _bench_env()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - t0
@@ -193,15 +202,14 @@ def test_serve_levels_without_streams(tmp_path):
     tokens are the usage blocks' and /metrics' counts, and the latencies a body cannot time
     (TTFT, ITL, TPOT) are not reported; --serve-log-level info reaches the server's log."""
     root = tmp_path
-    target = make_tiny_checkpoint(root / "target", arch="qwen3", seed=3)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.002, seed=4)
+    target, draft = _tiny_pair(root)
     out = root / "out"
     cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
            "--sections", "serve", "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
            "--serve-output-len", str(SERVE_OUTPUT), "--serve-no-stream", "--serve-log-level", "info",
            "--no-plots"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = _bench_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     s = _section({"doc": json.loads((out / "bench.json").read_text())}, "serve")
@@ -295,7 +303,7 @@ def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench-adaptive") / "out"
     cmd = [sys.executable, "-m", "specserve.bench.cli", "--out", str(out), "--quick", "--device", "cpu",
            "--sections", "adaptive", "--adaptive-variants", "no-optimism"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = _bench_env()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - t0
