@@ -308,11 +308,13 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
     and the "adaptive:<name>" keys of ``variants`` (run like adaptive, right after it).
 
     "plain" runs on ``plain_core`` when given (an engine without a draft), the others on
-    ``core``. In each cell plain and adaptive run first, side by side, then every fixed k, then
-    ``repeats - 1`` more plain/adaptive pairs: on a noisy host a ratio of two runs seconds apart
-    means more than one of runs minutes apart. A config run more than once shows its median
-    run, with every run's tok/s in ``runs``; adaptive adds ``over_plain_runs``, the ratio of
-    each adaptive run to the plain run just before it."""
+    ``core``. Each cell runs ``repeats`` rounds; in each, plain and adaptive run first, side by
+    side, then every fixed k: on a noisy host a ratio of two runs seconds apart means more than
+    one of runs minutes apart. Every config shows its median run, with every run's tok/s in
+    ``runs`` (in round order); adaptive adds ``over_plain_runs``, the ratio of each adaptive
+    run to the plain run just before it. Fixed k ran once a cell until 2026-11-29, and a cell's
+    best fixed k was then the best of five single runs: at T = 1 and batch 1 (128 tokens, ~17
+    steps a run) one lucky k = 8 run read 1.10x adaptive's median on an H200."""
     if "plain" in configs and plain_core is None and core.spec_control is not None:
         raise ValueError("measure_grid: 'plain' needs a plain engine (plain_core)")
     vocab = core.info.vocab_size
@@ -344,17 +346,14 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
 
 
 def _run_plan(core: EngineCore, plain_core: Optional[EngineCore], configs: list[str],
-              repeats: int, repeat_all: bool = False) -> tuple[dict[str, EngineCore], list[str], list[str]]:
+              repeats: int) -> tuple[dict[str, EngineCore], list[str], list[str]]:
     """(the engine of each config, the configs run side by side, the order of the runs):
-    "plain" on ``plain_core`` when given; plain, adaptive and its variants first, then every
-    other config once, then ``repeats - 1`` more rounds of the paired ones (``repeat_all``:
-    ``repeats`` rounds of every config)."""
+    "plain" on ``plain_core`` when given; ``repeats`` rounds, each with plain, adaptive and its
+    variants first, then every other config."""
     engine = {c: plain_core if c == "plain" and plain_core is not None else core for c in configs}
     paired = [c for c in configs if c == "plain" or c.startswith("adaptive")]
     rest = [c for c in configs if c not in paired]
-    if repeat_all:
-        return engine, paired, (paired + rest) * repeats
-    return engine, paired, paired + rest + paired * (repeats - 1)
+    return engine, paired, (paired + rest) * repeats
 
 
 def _pair_with_plain(row: dict, runs: dict[str, list[dict]], config: str) -> None:
@@ -446,7 +445,7 @@ def measure_ramp(core: EngineCore, s: AdaptiveSettings, configs: list[str], extr
     one call read 24,170, 26,130 and 19,920 tok/s, so one run of each fixed k could not say
     which was best or by how much. A config shows its median run, with every run's tok/s in
     ``runs`` and, for adaptive and the variants, ``over_plain_runs``."""
-    engine, paired, order = _run_plan(core, plain_core, configs, repeats, repeat_all=True)
+    engine, paired, order = _run_plan(core, plain_core, configs, repeats)
     warm = warm_ramp_settings(s)
     for c in configs:
         with _config(engine[c], c, extra_graphs, variants):

@@ -67,7 +67,7 @@ class BenchOptions:
     adaptive_ramp_rate: float = 2.0         # arrivals per plain decode step while climbing
     adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
     adaptive_pairs: tuple[str, ...] = ADAPTIVE_PAIRS
-    adaptive_repeats: int = 3               # runs of no-spec and adaptive per cell, side by side
+    adaptive_repeats: int = 3               # rounds of every configuration per cell and on the ramp
     adaptive_variants: tuple[str, ...] = () # controller variants run beside adaptive (A/B)
 
     def __post_init__(self) -> None:
@@ -197,9 +197,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated draft pairs to measure, of {','.join(ADAPTIVE_PAIRS)} "
                         "(default all; the ramp runs with mid)")
     a.add_argument("--adaptive-repeats", type=int, default=None,
-                   help="runs of no-spec and adaptive per cell, each adaptive run right after a no-spec "
-                        "one; the table shows the median run and the median of the paired ratios "
-                        "(default 3; in the cells fixed k runs once, on the ramp as many times)")
+                   help="rounds per cell and of the ramp: each runs no-spec, adaptive right after it, "
+                        "then every fixed k; the table shows each configuration's median run and the "
+                        "medians of the ratios within a round (default 3)")
     a.add_argument("--adaptive-variants", type=_names, default=None,
                    help=f"A/B: controller variants, of {','.join(ADAPTIVE_VARIANTS)}, each run right "
                         "after adaptive in every repeat and on the ramp, with its own estimates and "

@@ -152,6 +152,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                 paired = [r for r in cell["adaptive"].get("over_plain_runs", []) if r]
                 if len(paired) > 1:   # side-by-side runs: the median of their ratios
                     row["adaptive_over_plain"] = statistics.median(paired)
+                _pair_with_best(row, cell)
                 row.update(pair=label, temperature=t, batch=str(b), label=f"{label}, T={t:g}, batch {b}",
                            mean_k=_mean_k(cell["adaptive"]["chosen_k"]),
                            accept_len=cell["adaptive"]["acceptance_length"], goal=goal)
@@ -167,6 +168,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
         paired = [r for r in ramp["adaptive"].get("over_plain_runs", []) if r]
         if len(paired) > 1:
             row["adaptive_over_plain"] = statistics.median(paired)
+        _pair_with_best(row, ramp)
         peak = ramp["adaptive"]["peak_batch"]
         label = dict(PAIRS)[RAMP_PAIR]
         _variant_columns(row, ramp)
@@ -177,6 +179,19 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
         row["status"] = at_least(row["adaptive_over_best_fixed"], GOAL_RAMP)
         rows.append(row)
     return rows
+
+
+def _pair_with_best(row: dict, results: dict) -> None:
+    """ad/best k as the median, over rounds, of each adaptive run over the best fixed k's run of
+    the same round (the best k: the best median), when both ran more than once: like
+    ad/no-spec, a ratio of runs seconds apart drifts less than one of medians over the cell."""
+    best = row.get("best_fixed_k")
+    if best is None:
+        return
+    ada, fixed = results["adaptive"].get("runs", []), results[f"k{best}"].get("runs", [])
+    ratios = [a / f for a, f in zip(ada, fixed) if a and f]
+    if len(ratios) > 1:
+        row["adaptive_over_best_fixed"] = statistics.median(ratios)
 
 
 def _variant_columns(row: dict, results: dict) -> None:
@@ -243,11 +258,12 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         f"Tokens/s of the decode phase (from the step in which every request had its first token); "
         f"prompts of {s.prompt_len} random ids, max(output_len {s.output_len}, {s.cell_tokens} / batch) "
         "tokens per request, ignore_eos, unseeded (seeded sampled requests are pinned to k = 0). "
-        f"A warm-up per configuration and temperature, then in each cell: no speculation and "
-        f"adaptive side by side, every fixed k once, and {ctx.opts.adaptive_repeats - 1} more "
-        "no-spec/adaptive pairs. No-spec and adaptive show their median run; ad/no-spec is the "
-        "median of the paired ratios (each adaptive run over the no-spec run just before it), "
-        "since the host's speed drifts over minutes.",
+        f"A warm-up per configuration and temperature, then in each cell "
+        f"{ctx.opts.adaptive_repeats} rounds of: no speculation and adaptive side by side, then "
+        "every fixed k. Each configuration shows its median run (the best fixed k: the best "
+        "median); ad/no-spec is the median of the paired ratios (each adaptive run over the "
+        "no-spec run just before it) and ad/best k the median of each adaptive run over the best "
+        "k's run of the same round, since the host's speed drifts over minutes.",
         f"One engine per pair with k_max = {s.k_max} in adaptive mode (start-up calibration "
         "included); a fixed-k run swaps in a controller that forces k on every row (the adaptive "
         "controller keeps its own estimates across cells, as a server would). With CUDA graphs a "

@@ -164,7 +164,7 @@ def serve(ctx: BenchContext) -> Section:
             rows.append(_serve_row(lvl))
             ctx.log(f"serve: concurrency {c}: {lvl['output_tok_per_s']:.1f} tok/s, TTFT p50 "
                     f"{_ms(lvl['ttft_ms']['p50'])}, ITL p50 {_ms(lvl['itl_ms']['p50'])}, "
-                    f"accept len {lvl['spec_decode']['acceptance_length']}")
+                    f"accept len {lvl['spec_decode']['acceptance_length']}{_tcp_note(lvl['tcp'])}")
         command = " ".join(server.command)
     return Section("serve", title, cols, rows,
                    notes=[f"{model_desc}; prompts of {o.prompt_len} random token ids, {o.serve_output_len} "
@@ -177,6 +177,16 @@ def serve(ctx: BenchContext) -> Section:
                           "draft tokens, length = 1 + accepted / drafts, per position = accepted_per_pos / drafts.",
                           f"Server command: `{command}` (log: serve.log)."],
                    data={"levels": levels, "server_command": command})
+
+
+def _tcp_note(tcp: Optional[dict]) -> str:
+    """The level's TCP trouble for its log line: new connections, and any SYN resent, accept
+    queue overflow or timeout (empty off Linux)."""
+    if not tcp:
+        return ""
+    trouble = [f"{k} {tcp[k]}" for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts")
+               if tcp.get(k)]
+    return f"; TCP: {tcp.get('PassiveOpens', 0)} connections accepted" + "".join(f", {t}" for t in trouble)
 
 
 def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:

@@ -205,7 +205,8 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
 
 
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,
-                 concurrency: int, timeout: float, stream: bool = True) -> tuple[list[RequestRecord], float]:
+                 concurrency: int, timeout: float, stream: bool = True) -> tuple[list[RequestRecord], float, float]:
+    """(the records, the level's seconds, its start on the perf_counter clock)"""
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
 
@@ -220,7 +221,7 @@ async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int
 
         t0 = time.perf_counter()
         records = await asyncio.gather(*(bounded(p) for p in prompts))
-        return list(records), time.perf_counter() - t0
+        return list(records), time.perf_counter() - t0, t0
 
 
 def _stats_ms(xs: list[float]) -> dict:
@@ -250,12 +251,46 @@ def summarize(records: list[RequestRecord], duration: float, stream: bool = True
             "e2e_ms": _stats_ms(e2e)}
 
 
+# the host's TCP counters a level reads (Linux: /proc/net/snmp and /proc/net/netstat). They
+# count the whole network namespace, client and server sides of the loopback together: a level
+# that opens new connections (PassiveOpens), drops them at a full accept queue (ListenOverflows,
+# ListenDrops) or resends SYNs (TCPSynRetrans, 1 s then 3 s on Linux) or segments after a timeout
+# (TCPTimeouts) says so beside its latencies.
+TCP_COUNTERS = {"Tcp": ("ActiveOpens", "PassiveOpens", "RetransSegs"),
+                "TcpExt": ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts",
+                           "TCPLossProbes")}
+
+
+def tcp_counters(paths: Sequence[str] = ("/proc/net/snmp", "/proc/net/netstat")) -> Optional[dict[str, int]]:
+    """The TCP_COUNTERS now, or None where the files are not there (not Linux)."""
+    out: dict[str, int] = {}
+    try:
+        for path in paths:
+            lines = Path(path).read_text().splitlines()
+            for names, values in zip(lines[::2], lines[1::2]):
+                group, *keys = names.split()
+                wanted = TCP_COUNTERS.get(group.rstrip(":"), ())
+                for key, value in zip(keys, values.split()[1:]):
+                    if key in wanted:
+                        out[key] = int(value)
+    except (OSError, ValueError):
+        return None
+    return out
+
+
 def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int,
               timeout: float = 600.0, stream: bool = True) -> dict:
-    """One concurrency level: the load, its latency summary and the /metrics acceptance delta.
-    ``stream``: SSE streams (else one JSON body per request)."""
+    """One concurrency level: the load, its latency summary, the /metrics acceptance delta, the
+    host's TCP counters over it (``tcp``, None off Linux) and each request's start and end,
+    seconds from the level's start (``timeline``). ``stream``: SSE streams (else one JSON body
+    per request)."""
     before = scrape_spec_counters(url)
-    records, duration = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout, stream))
+    tcp_before = tcp_counters()
+    records, duration, t0 = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout, stream))
+    tcp_after = tcp_counters()
     after = scrape_spec_counters(url)
+    tcp = ({k: tcp_after[k] - tcp_before.get(k, 0) for k in tcp_after}
+           if tcp_before is not None and tcp_after is not None else None)
     return {"concurrency": concurrency, "stream": stream, **summarize(records, duration, stream),
-            "spec_decode": after.minus(before).summary()}
+            "spec_decode": after.minus(before).summary(), "tcp": tcp,
+            "timeline": [[round(r.start - t0, 4), round(r.end - t0, 4)] for r in records]}

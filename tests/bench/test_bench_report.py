@@ -107,3 +107,20 @@ def test_the_flags_variant_names_are_the_controllers_variants():
     from specserve.bench.options import ADAPTIVE_VARIANTS
 
     assert tuple(VARIANTS) == ADAPTIVE_VARIANTS
+
+
+def test_tcp_counters_read_the_named_counters_of_both_files(tmp_path):
+    """The serve section's per-level TCP counters come from /proc/net/snmp and /proc/net/netstat:
+    header and value lines in pairs, only the counters it names; None where a file is missing."""
+    from specserve.bench.serve_load import tcp_counters
+
+    snmp = tmp_path / "snmp"
+    snmp.write_text("Ip: Forwarding InReceives\nIp: 1 99\n"
+                    "Tcp: RtoAlgorithm ActiveOpens PassiveOpens RetransSegs\nTcp: 1 7 8 3\n")
+    netstat = tmp_path / "netstat"
+    netstat.write_text("TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPSynRetrans TCPTimeouts TCPLossProbes\n"
+                       "TcpExt: 5 2 2 4 1 6\nIpExt: InNoRoutes\nIpExt: 0\n")
+    assert tcp_counters((str(snmp), str(netstat))) == {
+        "ActiveOpens": 7, "PassiveOpens": 8, "RetransSegs": 3, "ListenOverflows": 2, "ListenDrops": 2,
+        "TCPSynRetrans": 4, "TCPTimeouts": 1, "TCPLossProbes": 6}
+    assert tcp_counters((str(snmp), str(tmp_path / "missing"))) is None
