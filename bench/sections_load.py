@@ -164,7 +164,8 @@ def serve(ctx: BenchContext) -> Section:
             rows.append(_serve_row(lvl))
             ctx.log(f"serve: concurrency {c}: {lvl['output_tok_per_s']:.1f} tok/s, TTFT p50 "
                     f"{_ms(lvl['ttft_ms']['p50'])}, ITL p50 {_ms(lvl['itl_ms']['p50'])}, "
-                    f"accept len {lvl['spec_decode']['acceptance_length']}{_tcp_note(lvl['tcp'])}")
+                    f"accept len {lvl['spec_decode']['acceptance_length']}{_tcp_note(lvl['tcp'])}"
+                    f"{_slow_note(lvl['slow_requests'])}")
         command = " ".join(server.command)
     return Section("serve", title, cols, rows,
                    notes=[f"{model_desc}; prompts of {o.prompt_len} random token ids, {o.serve_output_len} "
@@ -187,6 +188,14 @@ def _tcp_note(tcp: Optional[dict]) -> str:
     trouble = [f"{k} {tcp[k]}" for k in ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts")
                if tcp.get(k)]
     return f"; TCP: {tcp.get('PassiveOpens', 0)} connections accepted" + "".join(f", {t}" for t in trouble)
+
+
+def _slow_note(slow: dict) -> str:
+    """Requests over the slow bound as the client timed them and as the server's engine did."""
+    if not slow["client"] and not slow["server"]:
+        return ""
+    server = "n/a" if slow["server"] is None else f"{slow['server']:g}"
+    return f"; over {slow['over_s']:g} s: {slow['client']} by the client, {server} in the server's engine"
 
 
 def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:

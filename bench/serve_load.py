@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -102,12 +103,22 @@ class SpecCounters:
     accepted: float = 0.0
     per_pos: dict[int, float] = field(default_factory=dict)
     generation_tokens: float = 0.0
+    # the server's own e2e latency histogram (arrival in the engine to finish): cumulative
+    # count at or under each bucket bound, seconds (+inf: every finished request)
+    e2e_le: dict[float, float] = field(default_factory=dict)
 
     def minus(self, other: "SpecCounters") -> "SpecCounters":
         return SpecCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
                             self.accepted - other.accepted,
                             {p: v - other.per_pos.get(p, 0.0) for p, v in self.per_pos.items()},
-                            self.generation_tokens - other.generation_tokens)
+                            self.generation_tokens - other.generation_tokens,
+                            {b: v - other.e2e_le.get(b, 0.0) for b, v in self.e2e_le.items()})
+
+    def server_e2e_over(self, seconds: float) -> Optional[float]:
+        """Requests whose server-side e2e exceeded ``seconds`` (a bucket bound), if scraped."""
+        if seconds not in self.e2e_le or math.inf not in self.e2e_le:
+            return None
+        return self.e2e_le[math.inf] - self.e2e_le[seconds]
 
     def summary(self) -> dict:
         d = self.drafts
@@ -136,6 +147,9 @@ def scrape_spec_counters(url: str) -> SpecCounters:
                 c.per_pos[pos] = c.per_pos.get(pos, 0.0) + s.value
             elif s.name == "specserve:generation_tokens_total":
                 c.generation_tokens += s.value
+            elif s.name == "specserve:e2e_request_latency_seconds_bucket":
+                bound = float(s.labels["le"])
+                c.e2e_le[bound] = c.e2e_le.get(bound, 0.0) + s.value
     return c
 
 
@@ -251,6 +265,8 @@ def summarize(records: list[RequestRecord], duration: float, stream: bool = True
             "e2e_ms": _stats_ms(e2e)}
 
 
+SLOW_REQUEST_S = 1.0   # a bucket bound of the server's e2e histogram (server/metrics.py)
+
 # the host's TCP counters a level reads (Linux: /proc/net/snmp and /proc/net/netstat). They
 # count the whole network namespace, client and server sides of the loopback together: a level
 # that opens new connections (PassiveOpens), drops them at a full accept queue (ListenOverflows,
@@ -291,6 +307,12 @@ def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, c
     after = scrape_spec_counters(url)
     tcp = ({k: tcp_after[k] - tcp_before.get(k, 0) for k in tcp_after}
            if tcp_before is not None and tcp_after is not None else None)
+    delta = after.minus(before)
+    client_e2e = [r.end - r.start for r in records if r.error is None]
+    # where a slow request lost its time: inside the server's engine (its own e2e histogram) or
+    # before it reached the engine / after it left (the client's e2e only)
+    slow = {"over_s": SLOW_REQUEST_S, "client": sum(1 for x in client_e2e if x > SLOW_REQUEST_S),
+            "server": delta.server_e2e_over(SLOW_REQUEST_S), "server_finished": delta.e2e_le.get(math.inf)}
     return {"concurrency": concurrency, "stream": stream, **summarize(records, duration, stream),
-            "spec_decode": after.minus(before).summary(), "tcp": tcp,
+            "spec_decode": delta.summary(), "tcp": tcp, "slow_requests": slow,
             "timeline": [[round(r.start - t0, 4), round(r.end - t0, 4)] for r in records]}
