@@ -40,6 +40,7 @@ and adapt freely.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import statistics
 from collections import deque
@@ -96,6 +97,7 @@ def expected_gain(mean: float, weight: float, seconds: list[float], margin: floa
 _NORMAL = statistics.NormalDist()
 
 
+@functools.lru_cache(maxsize=1024)
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normals] (Blom's approximation; 0 for n <= 1)."""
     if n <= 1:
@@ -103,6 +105,7 @@ def expected_max_normal(n: int) -> float:
     return _NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
 
 
+@functools.lru_cache(maxsize=1024)
 def rows_alive_past_the_mean(n: int) -> float:
     """Of n rows with normal finishing steps, the mean number still running over the steps
     from their mean to the expected maximum (z = ``expected_max_normal(n)`` deviations past it):
@@ -226,11 +229,13 @@ class _Rates:
         if prior is not None:
             self.prior = list(prior)
         now = self.clock() if self.half_life else 0
+        count, value, floor = self.count, self.value, self.rate_floor
         for j in range(min(accepted + 1, k)):
             x = 1.0 if j < accepted else 0.0
-            n = self.count[j] = self.outcomes(j) + 1.0
+            n = count[j] = (self.outcomes(j) if self.half_life else count[j]) + 1.0
             self.seen_at[j] = now
-            self.value[j] += max(1.0 / n, self.rate_floor) * (x - self.value[j])
+            step = 1.0 / n
+            value[j] += (step if step > floor else floor) * (x - value[j])
 
     def plain(self) -> list[float]:
         """The estimates before the cold optimism (``rates`` reads them raised)."""
@@ -256,6 +261,8 @@ class _Rates:
 
     def _read(self) -> tuple[list[float], list[float]]:
         """(as read, plain) per position, as ``rates`` describes."""
+        if self.parent is None and not self.chain and not self.optimism and not self.half_life:
+            return self._read_plain()
         out: list[float] = []
         plain: list[float] = []
         cap = 1.0 / self.rate_floor if self.rate_floor > 0 else float("inf")
@@ -291,6 +298,17 @@ class _Rates:
             if self.optimism and n < self.COLD_OUTCOMES and (parent is None or reached):
                 frontier = False
         return out, plain
+
+    def _read_plain(self) -> tuple[list[float], list[float]]:
+        """``_read`` of an estimate without a parent, chain, optimism or aging (a request's own:
+        one per row, re-read after every verification): each position's mean shrunk toward its
+        own prior, in one comprehension. The general loop cost ~20 us a row a step on the CPU
+        machine, ~0.5 ms of host time a step at batch 64 on an H200 (T = 1, drafting)."""
+        w = self.weight
+        cap = 1.0 / self.rate_floor if self.rate_floor > 0 else math.inf
+        out = [((c if c < cap else cap) * v + w * p) / ((c if c < cap else cap) + w) if c else p
+               for c, v, p in zip(self.count, self.value, self.prior)]
+        return out, list(out)
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate
 

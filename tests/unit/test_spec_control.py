@@ -1179,3 +1179,36 @@ def test_a_model_with_its_own_phase_bounds_reads_and_names_its_phases() -> None:
     acc.record("r", 0, 4, 0, phase=2)          # a rejection at position 1 in [32, 64) only
     assert acc.rates("x", 0, phase=2)[0] < acc.rates("x", 0, phase=1)[0]
     assert list(acc.snapshot()["greedy"]) == ["0-15", "16-31", "32-63", "64+"]
+
+
+def test_a_requests_own_estimate_reads_each_mean_shrunk_toward_its_prior():
+    """A request's own estimate (no parent, chain, optimism or aging) takes ``_Rates``' short
+    read: each position (min(outcomes, 1 / rate) x mean + weight x prior) / (min(...) + weight),
+    the prior where nothing was seen; the same as the general read gives such an estimate, and
+    the model's per-request estimates take it."""
+    rates = spec_control._Rates(4, [0.9, 0.8, 0.7, 0.6], weight=4.0, rate_floor=0.05)
+    rng = random.Random(3)
+    outcomes = [[] for _ in range(4)]
+    for _ in range(40):                           # past the EMA's window (20) at position 1
+        k, accepted = 3, rng.choice((0, 1, 2, 3))
+        rates.update(k, accepted)
+        for j in range(min(accepted + 1, k)):
+            outcomes[j].append(1.0 if j < accepted else 0.0)
+    assert not outcomes[3] and len(outcomes[0]) == 40
+    got = rates.rates()
+    for j, (seen, prior) in enumerate(zip(outcomes, rates.prior)):
+        if not seen:
+            assert got[j] == prior
+            continue
+        n = min(len(seen), 20.0)
+        assert got[j] == pytest.approx((n * rates.value[j] + 4.0 * prior) / (n + 4.0), rel=1e-12)
+    assert rates.plain() == got and rates.table() == spec_control.expected_tokens_table(got)
+    # the general read, on the same state, reads the same
+    general = spec_control._Rates(4, rates.prior, weight=4.0, rate_floor=0.05, chain=False,
+                                  optimism=1e-300)   # (any optimism takes the general loop)
+    general.value, general.count = list(rates.value), list(rates.count)
+    assert general.rates() == pytest.approx(got, rel=1e-12)
+    model = AcceptanceModel(4)
+    model.record("r", 0, 4, 2)
+    own = model._estimate("r", 0, 0)
+    assert own is not model.shared[0][0] and own.parent is None and not own.optimism
