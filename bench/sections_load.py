@@ -195,7 +195,9 @@ def _slow_note(slow: dict) -> str:
     if not slow["client"] and not slow["server"]:
         return ""
     server = "n/a" if slow["server"] is None else f"{slow['server']:g}"
-    return f"; over {slow['over_s']:g} s: {slow['client']} by the client, {server} in the server's engine"
+    http = "n/a" if slow.get("http") is None else f"{slow['http']:g}"
+    return (f"; over {slow['over_s']:g} s: {slow['client']} by the client, {http} in the server's "
+            f"app, {server} in its engine")
 
 
 def _serve_argv(ctx: BenchContext) -> tuple[list[str], str]:

@@ -106,19 +106,24 @@ class SpecCounters:
     # the server's own e2e latency histogram (arrival in the engine to finish): cumulative
     # count at or under each bucket bound, seconds (+inf: every finished request)
     e2e_le: dict[float, float] = field(default_factory=dict)
+    # and its HTTP side's (/v1/completions: the app's first sight of a request to its last byte)
+    http_le: dict[float, float] = field(default_factory=dict)
 
     def minus(self, other: "SpecCounters") -> "SpecCounters":
         return SpecCounters(self.drafts - other.drafts, self.draft_tokens - other.draft_tokens,
                             self.accepted - other.accepted,
                             {p: v - other.per_pos.get(p, 0.0) for p, v in self.per_pos.items()},
                             self.generation_tokens - other.generation_tokens,
-                            {b: v - other.e2e_le.get(b, 0.0) for b, v in self.e2e_le.items()})
+                            {b: v - other.e2e_le.get(b, 0.0) for b, v in self.e2e_le.items()},
+                            {b: v - other.http_le.get(b, 0.0) for b, v in self.http_le.items()})
 
     def server_e2e_over(self, seconds: float) -> Optional[float]:
         """Requests whose server-side e2e exceeded ``seconds`` (a bucket bound), if scraped."""
-        if seconds not in self.e2e_le or math.inf not in self.e2e_le:
-            return None
-        return self.e2e_le[math.inf] - self.e2e_le[seconds]
+        return _over(self.e2e_le, seconds)
+
+    def server_http_over(self, seconds: float) -> Optional[float]:
+        """Requests whose server-side HTTP time exceeded ``seconds`` (a bucket bound), if scraped."""
+        return _over(self.http_le, seconds)
 
     def summary(self) -> dict:
         d = self.drafts
@@ -127,6 +132,13 @@ class SpecCounters:
                 "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
                 "acceptance_length": 1 + self.accepted / d if d else None,
                 "per_position_acceptance": [self.per_pos[p] / d for p in sorted(self.per_pos)] if d else []}
+
+
+def _over(le: dict[float, float], seconds: float) -> Optional[float]:
+    """Observations over ``seconds`` in a cumulative histogram (None if it has no such bound)."""
+    if seconds not in le or math.inf not in le:
+        return None
+    return le[math.inf] - le[seconds]
 
 
 def scrape_spec_counters(url: str) -> SpecCounters:
@@ -150,6 +162,10 @@ def scrape_spec_counters(url: str) -> SpecCounters:
             elif s.name == "specserve:e2e_request_latency_seconds_bucket":
                 bound = float(s.labels["le"])
                 c.e2e_le[bound] = c.e2e_le.get(bound, 0.0) + s.value
+            elif (s.name == "specserve:http_request_duration_seconds_bucket"
+                  and s.labels.get("handler") == "/v1/completions"):
+                bound = float(s.labels["le"])
+                c.http_le[bound] = c.http_le.get(bound, 0.0) + s.value
     return c
 
 
@@ -309,10 +325,12 @@ def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, c
            if tcp_before is not None and tcp_after is not None else None)
     delta = after.minus(before)
     client_e2e = [r.end - r.start for r in records if r.error is None]
-    # where a slow request lost its time: inside the server's engine (its own e2e histogram) or
-    # before it reached the engine / after it left (the client's e2e only)
+    # where a slow request lost its time: inside the server's engine (its own e2e histogram),
+    # around the engine inside the app (its HTTP histogram), or outside the app (the client's
+    # e2e only: the sockets, uvicorn's parsing before the app sees a request, the client)
     slow = {"over_s": SLOW_REQUEST_S, "client": sum(1 for x in client_e2e if x > SLOW_REQUEST_S),
-            "server": delta.server_e2e_over(SLOW_REQUEST_S), "server_finished": delta.e2e_le.get(math.inf)}
+            "server": delta.server_e2e_over(SLOW_REQUEST_S), "server_finished": delta.e2e_le.get(math.inf),
+            "http": delta.server_http_over(SLOW_REQUEST_S)}
     return {"concurrency": concurrency, "stream": stream, **summarize(records, duration, stream),
             "spec_decode": delta.summary(), "tcp": tcp, "slow_requests": slow,
             "timeline": [[round(r.start - t0, 4), round(r.end - t0, 4)] for r in records]}

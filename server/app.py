@@ -19,6 +19,7 @@ from specserve.server import __version__
 from specserve.server.auth import APIKeyChecker
 from specserve.server.debug import build_debug_router
 from specserve.server.errors import install_error_handlers
+from specserve.server.http_timing import HTTPTimingMiddleware
 from specserve.server.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES, BodySizeLimitMiddleware
 from specserve.server.metrics import ServerMetrics
 from specserve.server.preprocess import DEFAULT_TEMPLATE_TIMEOUT, DEFAULT_WORKERS, Preprocessor
@@ -110,6 +111,8 @@ def create_app(engine: Any, *, tool_options: Any = None,
     # the key, then the body's size and arrival time: all before any JSON is parsed
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes, body_timeout=body_timeout,
                        auth=auth)
+    # outermost (added last): the HTTP side's clock starts before the key and body checks
+    app.add_middleware(HTTPTimingMiddleware, histogram=metrics.http_duration, base_labels=metrics.base_labels)
     app.include_router(build_router(auth))
     app.include_router(build_debug_router(auth, enable_test_hooks))
 

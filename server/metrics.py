@@ -112,6 +112,7 @@ class ServerMetrics:
         # vLLM labels every series with its engine index too; one engine here, so always "0"
         self._label_names = ("model_name", "engine") if prefix == "vllm" else ("model_name",)
         self._base = (model_name, "0") if prefix == "vllm" else (model_name,)
+        self.base_labels = self._base   # (the HTTP timing middleware labels its series with them)
         self._build_spec_decode()
         self._build_serving()
         self.asgi_app = prometheus_client.make_asgi_app(self.registry)
@@ -172,6 +173,17 @@ class ServerMetrics:
                                    "Time between consecutive outputs of a sequence (one per step).",
                                    _ITL_BUCKETS)
         self.e2e = self._histogram("e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
+        # the HTTP side of a request: from the app's first sight of it (its headers parsed) to
+        # the last byte of its response handed to the socket, body reading, tokenization and
+        # response building included; beside e2e it says whether slow requests lost their time
+        # in the engine or around it (server/http_timing.py)
+        self.http_duration = Histogram(
+            self.prefix + "http_request_duration_seconds",
+            "HTTP requests: the app's first sight of the request to its response's last byte.",
+            self._label_names + ("method", "handler", "status"), buckets=_REQUEST_BUCKETS,
+            registry=self.registry)
+        for handler in ("/v1/completions", "/v1/chat/completions"):   # exported from the start, at 0
+            self.http_duration.labels(*m, "POST", handler, "2xx")
         self.queue_time = self._histogram("request_queue_time_seconds",
                                           "Arrival to first scheduled.", _REQUEST_BUCKETS)
         self.running = self._gauge("num_requests_running", "Requests in the running batch.")

@@ -90,6 +90,15 @@ TTFT = "time_to_first_token_seconds"
 ITL = "inter_token_latency_seconds"
 E2E = "e2e_request_latency_seconds"
 QUEUE = "request_queue_time_seconds"
+HTTP = "http_request_duration_seconds"
+GENERATION_HANDLERS = 'handler=~".*completions"'   # /v1/completions and /v1/chat/completions
+
+
+def http_quantile(q: float) -> str:
+    """A percentile of the HTTP time of the generation endpoints, per model."""
+    buckets = rate(f"{HTTP}_bucket", by="model_name, le", extra=GENERATION_HANDLERS)
+    guard = f"({rate(f'{HTTP}_count', extra=GENERATION_HANDLERS)} > 0)"
+    return f"histogram_quantile({q}, {buckets}\n  and on (model_name) {guard})"
 
 ACCEPTANCE_LENGTH = "1 + " + ratio(rate(ACCEPTED), rate(DRAFTS))
 
@@ -295,6 +304,13 @@ def serving_panels() -> list[Spec]:
         percentiles("Inter-token latency", "Time between consecutive output tokens (several tokens "
                     "of one accepted draft arrive together)", ITL),
         percentiles("End-to-end request latency", "Arrival to the last token", E2E),
+        graph("HTTP time vs engine time (p99)",
+              "The generation endpoints' p99 as the server's HTTP side times them (the app's first "
+              "sight of a request to its response's last byte, `<prefix>:http_request_duration_seconds`) "
+              "beside the engine's own (`<prefix>:e2e_request_latency_seconds`). A gap means requests "
+              "wait around the engine: body reading, the event loop, response writing.",
+              [(http_quantile(0.99), "{{model_name}} HTTP p99"),
+               (quantile(0.99, E2E), "{{model_name}} engine p99")], unit="s", min=0),
         latency_heatmap("Time to first token heatmap", "Arrival to first output token", TTFT),
         latency_heatmap("Inter-token latency heatmap", "Gaps between consecutive outputs of a sequence", ITL),
         latency_heatmap("End-to-end latency heatmap", "Arrival to the last token", E2E),

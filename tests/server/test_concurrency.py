@@ -96,3 +96,30 @@ def test_concurrent_streams_match_sequential_and_metrics_add_up(server, http: ht
     assert metric(after, "specserve:num_requests_running") == 0
     assert metric(after, "specserve:kv_cache_usage_perc") == 0
     assert metric(after, "specserve:spec_decode_draft_probs_bytes") == 0
+
+
+def test_http_durations_hold_the_engine_time_and_label_handler_and_status(server, http: httpx.Client) -> None:
+    """specserve:http_request_duration_seconds times each request on the server's side, from the
+    app's first sight of it to its response's last byte: per handler and status class, never
+    shorter than the engine's own e2e of the same requests; unknown paths count as "other"."""
+    server.wait_idle()
+    before = scrape(server.url)
+    n = 3
+    for i in range(n):
+        r = http.post("/v1/completions", json={**_body(i), "stream": False, "stream_options": None})
+        assert r.status_code == 200, r.text
+    assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1}).status_code == 400
+    assert http.get("/no/such/path").status_code == 404
+    server.wait_idle()
+    after = scrape(server.url)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    name = "specserve:http_request_duration_seconds"
+    ok = {"method": "POST", "handler": "/v1/completions", "status": "2xx"}
+    assert delta(f"{name}_count", **ok) == n
+    assert delta(f"{name}_count", method="POST", handler="/v1/completions", status="4xx") == 1
+    assert delta(f"{name}_count", method="GET", handler="other", status="4xx") == 1
+    assert delta("specserve:e2e_request_latency_seconds_count") == n
+    assert delta(f"{name}_sum", **ok) >= delta("specserve:e2e_request_latency_seconds_sum") > 0

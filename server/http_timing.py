@@ -1,0 +1,55 @@
+"""Time every HTTP request on the server's side: ``http_request_duration_seconds``.
+
+The outermost ASGI layer: the clock starts when the app first sees a request (uvicorn has parsed
+its headers) and stops when the last byte of the response is handed to the transport, or when the
+app returns without finishing one (a client that went away). Labels: method, handler (one of the
+API's paths, else "other", so a scanner cannot grow the series) and status class ("2xx", ...,
+"none" if no response started). Beside the engine's own ``e2e_request_latency_seconds``, a request
+slow here but not there lost its time around the engine: reading its body, waiting for the event
+loop, building or writing its response.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+TIMED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                         "/metrics", "/tokenize", "/detokenize", "/version", "/ping", "/debug/state"})
+
+
+class HTTPTimingMiddleware:
+    def __init__(self, app: ASGIApp, histogram: Any, base_labels: tuple[str, ...]):
+        self.app = app
+        self.histogram = histogram      # ServerMetrics.http_duration
+        self.base = base_labels
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = ["none"]
+        observed = [False]
+        path = scope.get("path", "")
+        handler = path if path in TIMED_PATHS else "other"
+
+        def observe() -> None:
+            if not observed[0]:
+                observed[0] = True
+                self.histogram.labels(*self.base, scope.get("method", ""), handler,
+                                      status[0]).observe(time.monotonic() - start)
+
+        async def timed_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = f"{message['status'] // 100}xx"
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                observe()
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            observe()
