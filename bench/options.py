@@ -48,6 +48,7 @@ class BenchOptions:
     serve_output_len: int = 64
     serve_stream: bool = True               # False: responses in one body (no TTFT / ITL / TPOT)
     serve_log_level: str = "warning"        # the server's --log-level (serve.log)
+    serve_clients: tuple[str, ...] = ("httpx",)   # load clients; each level runs with each in turn
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
     cpu_threads: Optional[int] = None       # torch intra-op threads on CPU (None: torch's default)
@@ -88,6 +89,10 @@ class BenchOptions:
             raise ValueError(f"--adaptive-pairs must name some of {', '.join(ADAPTIVE_PAIRS)}")
         if set(self.adaptive_variants) - set(ADAPTIVE_VARIANTS):
             raise ValueError(f"--adaptive-variants must name some of {', '.join(ADAPTIVE_VARIANTS)}")
+        if not self.serve_clients or set(self.serve_clients) - {"httpx", "raw"}:
+            raise ValueError("--serve-clients must name some of httpx, raw")
+        if "raw" in self.serve_clients and self.serve_stream:
+            raise ValueError("--serve-clients raw sends bodies only: add --serve-no-stream")
         if self.adaptive_repeats < 1:
             raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
@@ -165,6 +170,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-no-stream", dest="serve_stream", action="store_const", const=False,
                    default=None, help="the serve section's requests ask for one JSON body, not a "
                                       "stream (throughput and E2E only)")
+    p.add_argument("--serve-clients", type=_names, default=None,
+                   help="load clients of the serve section, each level run with each in turn: httpx "
+                        "(its connection pool; the default) and raw (one keep-alive connection per "
+                        "worker over asyncio streams, bodies only), to tell a client's stalls from "
+                        "the server's")
     p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
                    help="the serve section's server log level (default warning; at info its stats "
                         "line lands in serve.log every second)")

@@ -136,7 +136,9 @@ def peer(ctx: BenchContext) -> Section:
 def serve(ctx: BenchContext) -> Section:
     o = ctx.opts
     title = "Throughput under load through the HTTP server"
-    cols = [Column("concurrency", "Concurrency", "int"), Column("num_requests", "Requests", "int"),
+    cols = [Column("concurrency", "Concurrency", "int")] + \
+        ([Column("client", "Client", "str")] if len(o.serve_clients) > 1 else []) + \
+        [Column("num_requests", "Requests", "int"),
             Column("failed", "Failed", "int"), Column("output_tok_per_s", "Output tok/s", "tps"),
             Column("ttft_p50", "TTFT p50", "time"), Column("ttft_p99", "TTFT p99", "time"),
             Column("itl_p50", "ITL p50", "time"), Column("itl_p99", "ITL p99", "time"),
@@ -157,12 +159,13 @@ def serve(ctx: BenchContext) -> Section:
         vocab = _vocab(argv)
         warm = random_prompts(2, o.prompt_len, vocab, o.seed + 77)
         run_level(server.url, model, warm, o.serve_output_len, 2, stream=o.serve_stream)
-        for c in o.serve_concurrency:
+        for c, client in ((c, client) for c in o.serve_concurrency for client in o.serve_clients):
             prompts = random_prompts(o.requests_for(c), o.prompt_len, vocab, o.seed + 1000 + c)
-            lvl = run_level(server.url, model, prompts, o.serve_output_len, c, stream=o.serve_stream)
+            lvl = run_level(server.url, model, prompts, o.serve_output_len, c, stream=o.serve_stream,
+                            client_kind=client)
             levels.append(lvl)
             rows.append(_serve_row(lvl))
-            ctx.log(f"serve: concurrency {c}: {lvl['output_tok_per_s']:.1f} tok/s, TTFT p50 "
+            ctx.log(f"serve: concurrency {c} ({client}): {lvl['output_tok_per_s']:.1f} tok/s, TTFT p50 "
                     f"{_ms(lvl['ttft_ms']['p50'])}, ITL p50 {_ms(lvl['itl_ms']['p50'])}, "
                     f"accept len {lvl['spec_decode']['acceptance_length']}{_tcp_note(lvl['tcp'])}"
                     f"{_slow_note(lvl['slow_requests'])}")
@@ -176,6 +179,11 @@ def serve(ctx: BenchContext) -> Section:
                              "ITL or TPOT; E2E is send to the whole body)."),
                           "Acceptance from /metrics before and after each level: rate = accepted / "
                           "draft tokens, length = 1 + accepted / drafts, per position = accepted_per_pos / drafts.",
+                          f"Load client: {' and '.join(o.serve_clients)} (httpx: its connection pool; "
+                          "raw: one keep-alive connection per concurrent worker over asyncio streams), "
+                          "in a process of its own; each level lists the requests over 1 s as the "
+                          "client, the server's app (http_request_duration_seconds) and its engine "
+                          "(e2e_request_latency_seconds) timed them (`slow_requests` in bench.json).",
                           f"Server command: `{command}` (log: serve.log)."],
                    data={"levels": levels, "server_command": command})
 
@@ -239,7 +247,7 @@ def _vocab(argv: list[str]) -> int:
 
 def _serve_row(lvl: dict) -> dict:
     sd = lvl["spec_decode"]
-    row = {"concurrency": lvl["concurrency"], "num_requests": lvl["num_requests"],
+    row = {"concurrency": lvl["concurrency"], "client": lvl["client"], "num_requests": lvl["num_requests"],
            "failed": lvl["failed"], "output_tok_per_s": lvl["output_tok_per_s"],
            "acceptance_rate": sd["acceptance_rate"], "acceptance_length": sd["acceptance_length"],
            "per_position": " / ".join(f"{p:.2f}" for p in sd["per_position_acceptance"]) or None}

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import httpx
 
@@ -234,20 +234,84 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
     return rec
 
 
+SERVE_CLIENTS = ("httpx", "raw")
+
+
+async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: list[list[int]],
+                     concurrency: int, timeout: float) -> tuple[list[RequestRecord], float, float]:
+    """Bodies through ``concurrency`` workers, each with one keep-alive HTTP/1.1 connection of
+    its own, written and read with asyncio streams (no HTTP library): the second client, to
+    tell a client's stalls from the server's."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    pending = list(enumerate(prompts))[::-1]
+    records: list[Optional[RequestRecord]] = [None] * len(prompts)
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while pending:
+                i, prompt = pending.pop()
+                records[i] = await asyncio.wait_for(_raw_body(reader, writer, host, body_of(prompt)), timeout)
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    return [r for r in records if r is not None], time.perf_counter() - t0, t0
+
+
+async def _raw_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                    body: dict) -> RequestRecord:
+    """One POST /v1/completions on an open connection; the response's Content-Length body."""
+    rec = RequestRecord(time.perf_counter())
+    try:
+        data = json.dumps(body).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
+                     + b"\r\n\r\n" + data)
+        await writer.drain()
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(head[0].split()[1])
+        length = next(int(h.split(":", 1)[1]) for h in head[1:] if h.lower().startswith("content-length:"))
+        payload = await reader.readexactly(length)
+        if status != 200:
+            rec.error = f"HTTP {status}: {payload[:300]!r}"
+            return rec
+        obj = json.loads(payload)
+        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+        if n:
+            rec.chunks.append((time.perf_counter(), n))
+        rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+    except (OSError, ValueError, StopIteration, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        rec.end = time.perf_counter()
+    return rec
+
+
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,
-                 concurrency: int, timeout: float, stream: bool = True) -> tuple[list[RequestRecord], float, float]:
-    """(the records, the level's seconds, its start on the perf_counter clock)"""
+                 concurrency: int, timeout: float, stream: bool = True,
+                 client_kind: str = "httpx") -> tuple[list[RequestRecord], float, float]:
+    """(the records, the level's seconds, its start on the perf_counter clock). ``client_kind``:
+    httpx (its connection pool; streams or bodies) or raw (bodies only; see _drive_raw)."""
+    def body_of(prompt: list[int]) -> dict:
+        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+                "ignore_eos": True, "stream": stream, "return_token_ids": True}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    if client_kind == "raw":
+        if stream:
+            raise ValueError("the raw client sends bodies only (--serve-no-stream)")
+        return await _drive_raw(url, body_of, prompts, concurrency, timeout)
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         async def bounded(prompt: list[int]) -> RequestRecord:
-            body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-                    "ignore_eos": True, "stream": stream, "return_token_ids": True}
-            if stream:
-                body["stream_options"] = {"include_usage": True}
             async with sem:
-                return await _one_request(client, url, body)
+                return await _one_request(client, url, body_of(prompt))
 
         t0 = time.perf_counter()
         records = await asyncio.gather(*(bounded(p) for p in prompts))
@@ -311,14 +375,15 @@ def tcp_counters(paths: Sequence[str] = ("/proc/net/snmp", "/proc/net/netstat"))
 
 
 def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int,
-              timeout: float = 600.0, stream: bool = True) -> dict:
+              timeout: float = 600.0, stream: bool = True, client_kind: str = "httpx") -> dict:
     """One concurrency level: the load, its latency summary, the /metrics acceptance delta, the
     host's TCP counters over it (``tcp``, None off Linux) and each request's start and end,
     seconds from the level's start (``timeline``). ``stream``: SSE streams (else one JSON body
     per request)."""
     before = scrape_spec_counters(url)
     tcp_before = tcp_counters()
-    records, duration, t0 = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout, stream))
+    records, duration, t0 = asyncio.run(_drive(url, model, prompts, output_len, concurrency, timeout, stream,
+                                               client_kind))
     tcp_after = tcp_counters()
     after = scrape_spec_counters(url)
     tcp = ({k: tcp_after[k] - tcp_before.get(k, 0) for k in tcp_after}
@@ -331,6 +396,7 @@ def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, c
     slow = {"over_s": SLOW_REQUEST_S, "client": sum(1 for x in client_e2e if x > SLOW_REQUEST_S),
             "server": delta.server_e2e_over(SLOW_REQUEST_S), "server_finished": delta.e2e_le.get(math.inf),
             "http": delta.server_http_over(SLOW_REQUEST_S)}
-    return {"concurrency": concurrency, "stream": stream, **summarize(records, duration, stream),
+    return {"concurrency": concurrency, "stream": stream, "client": client_kind,
+            **summarize(records, duration, stream),
             "spec_decode": delta.summary(), "tcp": tcp, "slow_requests": slow,
             "timeline": [[round(r.start - t0, 4), round(r.end - t0, 4)] for r in records]}

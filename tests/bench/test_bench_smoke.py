@@ -215,15 +215,19 @@ def test_serve_levels_without_streams(tmp_path):
            "--sections", "serve", "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
            "--serve-output-len", str(SERVE_OUTPUT), "--serve-no-stream", "--serve-log-level", "info",
-           "--no-plots"]
+           "--serve-clients", "httpx,raw", "--no-plots"]
     env = _bench_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     s = _section({"doc": json.loads((out / "bench.json").read_text())}, "serve")
     levels = s["data"]["levels"]
-    assert [lvl["concurrency"] for lvl in levels] == list(SERVE_CONCURRENCY)
+    # --serve-clients httpx,raw: every level with each client in turn, against the same server
+    assert [(lvl["concurrency"], lvl["client"]) for lvl in levels] == \
+        [(c, client) for c in SERVE_CONCURRENCY for client in ("httpx", "raw")]
+    assert [r["client"] for r in s["rows"]] == [lvl["client"] for lvl in levels]
     for lvl in levels:
         n = lvl["num_requests"]
+        assert lvl["slow_requests"]["server_finished"] == n
         assert not lvl["stream"] and lvl["failed"] == 0 and lvl["completed"] == n, lvl["errors"]
         assert lvl["output_tokens"] == n * SERVE_OUTPUT == lvl["spec_decode"]["generation_tokens"]
         assert lvl["usage_mismatches"] == 0
