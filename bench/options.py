@@ -48,7 +48,8 @@ class BenchOptions:
     serve_output_len: int = 64
     serve_stream: bool = True               # False: responses in one body (no TTFT / ITL / TPOT)
     serve_log_level: str = "warning"        # the server's --log-level (serve.log)
-    serve_clients: tuple[str, ...] = ("httpx",)   # load clients; each level runs with each in turn
+    # load clients, each level run with each in turn; () = raw for bodies, httpx for streams
+    serve_clients: tuple[str, ...] = ()
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
     cpu_threads: Optional[int] = None       # torch intra-op threads on CPU (None: torch's default)
@@ -89,7 +90,7 @@ class BenchOptions:
             raise ValueError(f"--adaptive-pairs must name some of {', '.join(ADAPTIVE_PAIRS)}")
         if set(self.adaptive_variants) - set(ADAPTIVE_VARIANTS):
             raise ValueError(f"--adaptive-variants must name some of {', '.join(ADAPTIVE_VARIANTS)}")
-        if not self.serve_clients or set(self.serve_clients) - {"httpx", "raw"}:
+        if set(self.serve_clients) - {"httpx", "raw"}:
             raise ValueError("--serve-clients must name some of httpx, raw")
         if "raw" in self.serve_clients and self.serve_stream:
             raise ValueError("--serve-clients raw sends bodies only: add --serve-no-stream")
@@ -97,6 +98,11 @@ class BenchOptions:
             raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
             raise ValueError("--adaptive-mid-layers, --adaptive-ramp-requests and the ramp rate must be positive")
+
+    @property
+    def load_clients(self) -> tuple[str, ...]:
+        """The serve section's clients: as given, else raw for bodies and httpx for streams."""
+        return self.serve_clients or (("httpx",) if self.serve_stream else ("raw",))
 
     def requests_for(self, concurrency: int) -> int:
         if self.serve_requests is not None:
@@ -172,9 +178,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                       "stream (throughput and E2E only)")
     p.add_argument("--serve-clients", type=_names, default=None,
                    help="load clients of the serve section, each level run with each in turn: httpx "
-                        "(its connection pool; the default) and raw (one keep-alive connection per "
-                        "worker over asyncio streams, bodies only), to tell a client's stalls from "
-                        "the server's")
+                        "(its connection pool; the default for streams) and raw (one keep-alive "
+                        "connection per worker over asyncio streams; bodies only, their default: on "
+                        "an H200, 12 of 51 httpx levels of bodies at concurrency 64 stalled for 1-2 s "
+                        "outside the server, 0 of 25 raw ones)")
     p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
                    help="the serve section's server log level (default warning; at info its stats "
                         "line lands in serve.log every second)")

@@ -137,7 +137,7 @@ def serve(ctx: BenchContext) -> Section:
     o = ctx.opts
     title = "Throughput under load through the HTTP server"
     cols = [Column("concurrency", "Concurrency", "int")] + \
-        ([Column("client", "Client", "str")] if len(o.serve_clients) > 1 else []) + \
+        ([Column("client", "Client", "str")] if len(o.load_clients) > 1 else []) + \
         [Column("num_requests", "Requests", "int"),
             Column("failed", "Failed", "int"), Column("output_tok_per_s", "Output tok/s", "tps"),
             Column("ttft_p50", "TTFT p50", "time"), Column("ttft_p99", "TTFT p99", "time"),
@@ -159,7 +159,7 @@ def serve(ctx: BenchContext) -> Section:
         vocab = _vocab(argv)
         warm = random_prompts(2, o.prompt_len, vocab, o.seed + 77)
         run_level(server.url, model, warm, o.serve_output_len, 2, stream=o.serve_stream)
-        for c, client in ((c, client) for c in o.serve_concurrency for client in o.serve_clients):
+        for c, client in ((c, client) for c in o.serve_concurrency for client in o.load_clients):
             prompts = random_prompts(o.requests_for(c), o.prompt_len, vocab, o.seed + 1000 + c)
             lvl = run_level(server.url, model, prompts, o.serve_output_len, c, stream=o.serve_stream,
                             client_kind=client)
@@ -179,7 +179,7 @@ def serve(ctx: BenchContext) -> Section:
                              "ITL or TPOT; E2E is send to the whole body)."),
                           "Acceptance from /metrics before and after each level: rate = accepted / "
                           "draft tokens, length = 1 + accepted / drafts, per position = accepted_per_pos / drafts.",
-                          f"Load client: {' and '.join(o.serve_clients)} (httpx: its connection pool; "
+                          f"Load client: {' and '.join(o.load_clients)} (httpx: its connection pool; "
                           "raw: one keep-alive connection per concurrent worker over asyncio streams), "
                           "in a process of its own; each level lists the requests over 1 s as the "
                           "client, the server's app (http_request_duration_seconds) and its engine "

@@ -124,3 +124,15 @@ def test_tcp_counters_read_the_named_counters_of_both_files(tmp_path):
         "ActiveOpens": 7, "PassiveOpens": 8, "RetransSegs": 3, "ListenOverflows": 2, "ListenDrops": 2,
         "TCPSynRetrans": 4, "TCPTimeouts": 1, "TCPLossProbes": 6}
     assert tcp_counters((str(snmp), str(tmp_path / "missing"))) is None
+
+
+def test_serve_load_clients_default_by_response_kind():
+    """Bodies default to the raw client, streams to httpx; raw cannot stream; both may be named."""
+    assert options_from_args(_parse("--out", "/tmp/x")).load_clients == ("httpx",)
+    assert options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream")).load_clients == ("raw",)
+    both = options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "httpx,raw"))
+    assert both.load_clients == ("httpx", "raw")
+    with pytest.raises(ValueError, match="bodies only"):
+        options_from_args(_parse("--out", "/tmp/x", "--serve-clients", "raw"))
+    with pytest.raises(ValueError, match="httpx, raw"):
+        options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "curl"))
