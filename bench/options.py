@@ -179,9 +179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-clients", type=_names, default=None,
                    help="load clients of the serve section, each level run with each in turn: httpx "
                         "(its connection pool; the default for streams) and raw (one keep-alive "
-                        "connection per worker over asyncio streams; bodies only, their default: on "
-                        "an H200, 12 of 51 httpx levels of bodies at concurrency 64 stalled for 1-2 s "
-                        "outside the server, 0 of 25 raw ones)")
+                        "connection per worker over asyncio streams; bodies only, and their default: "
+                        "httpx stalls some levels for seconds outside the server, see "
+                        "scripts/httpx_stall_repro.py)")
     p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
                    help="the serve section's server log level (default warning; at info its stats "
                         "line lands in serve.log every second)")

@@ -183,8 +183,9 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
 
 def _pair_with_best(row: dict, results: dict) -> None:
     """ad/best k as the median, over rounds, of each adaptive run over the best fixed k's run of
-    the same round (the best k: the best median), when both ran more than once: like
-    ad/no-spec, a ratio of runs seconds apart drifts less than one of medians over the cell."""
+    the same round (the best k: the best median; ``runs`` hold each config's tok/s in round
+    order, one a round), when at least two rounds have both: like ad/no-spec, a ratio of runs
+    seconds apart drifts less than one of medians over the cell."""
     best = row.get("best_fixed_k")
     if best is None:
         return

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Callable, Optional, Sequence
 
 import httpx
@@ -234,59 +235,73 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
     return rec
 
 
-SERVE_CLIENTS = ("httpx", "raw")
-
-
 async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: list[list[int]],
                      concurrency: int, timeout: float) -> tuple[list[RequestRecord], float, float]:
     """Bodies through ``concurrency`` workers, each with one keep-alive HTTP/1.1 connection of
     its own, written and read with asyncio streams (no HTTP library): the second client, to
-    tell a client's stalls from the server's."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    tell a client's stalls from the server's. A request that fails (an error status, a broken
+    or closed connection, a reply without Content-Length, ``timeout``) is recorded as failed,
+    and the worker reconnects unless the reply left the connection reusable."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"the raw client needs an http://host:port URL, not {url!r}")
+    host, port = parts.hostname, parts.port
     pending = list(enumerate(prompts))[::-1]
-    records: list[Optional[RequestRecord]] = [None] * len(prompts)
+    records: list[RequestRecord] = [RequestRecord(0.0, error="not sent") for _ in prompts]
 
     async def worker() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            while pending:
-                i, prompt = pending.pop()
-                records[i] = await asyncio.wait_for(_raw_body(reader, writer, host, body_of(prompt)), timeout)
-        finally:
-            writer.close()
+        conn: Optional[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = None
+        while pending:
+            i, prompt = pending.pop()
+            rec = records[i] = RequestRecord(time.perf_counter())
+            keep = False
+            try:
+                if conn is None:
+                    conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+                keep = await asyncio.wait_for(_raw_body(conn[0], conn[1], host, body_of(prompt), rec), timeout)
+            except (OSError, ValueError, IndexError, TimeoutError, asyncio.IncompleteReadError,
+                    asyncio.LimitOverrunError) as e:
+                rec.error = f"{type(e).__name__}: {e}"
+            finally:
+                rec.end = time.perf_counter()
+            if not keep and conn is not None:
+                conn[1].close()
+                conn = None
+        if conn is not None:
+            conn[1].close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
-    return [r for r in records if r is not None], time.perf_counter() - t0, t0
+    return records, time.perf_counter() - t0, t0
 
 
 async def _raw_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-                    body: dict) -> RequestRecord:
-    """One POST /v1/completions on an open connection; the response's Content-Length body."""
-    rec = RequestRecord(time.perf_counter())
-    try:
-        data = json.dumps(body).encode()
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
-                     + b"\r\n\r\n" + data)
-        await writer.drain()
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        status = int(head[0].split()[1])
-        length = next(int(h.split(":", 1)[1]) for h in head[1:] if h.lower().startswith("content-length:"))
-        payload = await reader.readexactly(length)
-        if status != 200:
-            rec.error = f"HTTP {status}: {payload[:300]!r}"
-            return rec
-        obj = json.loads(payload)
-        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-        if n:
-            rec.chunks.append((time.perf_counter(), n))
-        rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
-    except (OSError, ValueError, StopIteration, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
-        rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        rec.end = time.perf_counter()
-    return rec
+                    body: dict, rec: RequestRecord) -> bool:
+    """One POST /v1/completions on an open connection, filling ``rec``; whether the connection
+    can carry the next request (its reply was read whole and did not say Connection: close).
+    Raises on a reply it cannot read: no Content-Length (chunked), a broken status line."""
+    data = json.dumps(body).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
+                 + b"\r\n\r\n" + data)
+    await writer.drain()
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
+    if "content-length" not in headers:
+        raise ValueError(f"HTTP {status} reply without Content-Length "
+                         f"(transfer-encoding {headers.get('transfer-encoding')!r})")
+    payload = await reader.readexactly(int(headers["content-length"]))
+    keep = headers.get("connection", "").lower() != "close"
+    if status != 200:
+        rec.error = f"HTTP {status}: {payload[:300]!r}"
+        return keep
+    obj = json.loads(payload)
+    n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+    if n:
+        rec.chunks.append((time.perf_counter(), n))
+    rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+    return keep
 
 
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,

@@ -307,7 +307,7 @@ class _Rates:
         w = self.weight
         cap = 1.0 / self.rate_floor if self.rate_floor > 0 else math.inf
         out = [((c if c < cap else cap) * v + w * p) / ((c if c < cap else cap) + w) if c else p
-               for c, v, p in zip(self.count, self.value, self.prior)]
+               for c, v, p in zip(self.count, self.value, self.prior, strict=True)]
         return out, list(out)
 
     COLD_OUTCOMES = 64   # a position with this many outcomes reads its plain estimate

@@ -6,8 +6,12 @@ most between the two. cProfile slows Python several times over, so read the diff
 absolute numbers; GPU waits show as the own time of the call that waits (``item``,
 ``synchronize``, ``tolist``).
 
-    OUT=DIR PYTHONPATH=. python3 scripts/adaptive_host_profile.py [--batch 256] [--temperature 1]
+    PYTHONPATH=. python3 scripts/adaptive_host_profile.py [--batch 256] [--temperature 1]
         [--fixed-k 5] [--rounds 2] [--tiny]
+
+(Checkpoints under /tmp/decisions, as scripts/adaptive_decisions.py. The profile covers each
+whole run, its prefill step included, divided by its decode steps; fixed k runs at the engine's
+own verification widths, without the bench's exact-width graphs.)
 """
 from __future__ import annotations
 

@@ -3,8 +3,10 @@
 The outermost ASGI layer: the clock starts when the app first sees a request (uvicorn has parsed
 its headers) and stops when the last byte of the response is handed to the transport, or when the
 app returns without finishing one (a client that went away). Labels: method, handler (one of the
-API's paths, else "other", so a scanner cannot grow the series) and status class ("2xx", ...,
-"none" if no response started). Beside the engine's own ``e2e_request_latency_seconds``, a request
+API's paths, else "other"), method (the HTTP methods, else "other": neither a scanner nor an odd
+method can grow the series) and status class ("2xx", ..., "5xx" for an exception that escapes the
+app before a response started, which the error handler outside this layer answers with a 500;
+"none" if the app returned without a response, a client gone). Beside the engine's own ``e2e_request_latency_seconds``, a request
 slow here but not there lost its time around the engine: reading its body, waiting for the event
 loop, building or writing its response.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})
 TIMED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
                          "/metrics", "/tokenize", "/detokenize", "/version", "/ping", "/debug/state"})
 
@@ -35,12 +38,13 @@ class HTTPTimingMiddleware:
         observed = [False]
         path = scope.get("path", "")
         handler = path if path in TIMED_PATHS else "other"
+        method = scope.get("method", "")
+        method = method if method in METHODS else "other"
 
         def observe() -> None:
             if not observed[0]:
                 observed[0] = True
-                self.histogram.labels(*self.base, scope.get("method", ""), handler,
-                                      status[0]).observe(time.monotonic() - start)
+                self.histogram.labels(*self.base, method, handler, status[0]).observe(time.monotonic() - start)
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -51,5 +55,9 @@ class HTTPTimingMiddleware:
 
         try:
             await self.app(scope, receive, timed_send)
+        except Exception:
+            if status[0] == "none":
+                status[0] = "5xx"
+            raise
         finally:
             observe()

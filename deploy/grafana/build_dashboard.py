@@ -58,10 +58,11 @@ def ratio(num: str, den: str, on: str = "") -> str:
     return f"{num}\n  /{match} ({den} > 0)"
 
 
-def quantile(q: float, hist: str, by: str = "model_name") -> str:
-    """A histogram percentile per ``by``, only where the histogram counted something."""
-    buckets = rate(f"{hist}_bucket", by=f"{by}, le")
-    guard = f"({rate(f'{hist}_count', by=by)} > 0)"
+def quantile(q: float, hist: str, by: str = "model_name", extra: str = "") -> str:
+    """A histogram percentile per ``by``, only where the histogram counted something; ``extra``:
+    more label matchers."""
+    buckets = rate(f"{hist}_bucket", by=f"{by}, le", extra=extra)
+    guard = f"({rate(f'{hist}_count', by=by, extra=extra)} > 0)"
     return f"histogram_quantile({q}, {buckets}\n  and on ({by}) {guard})"
 
 
@@ -91,14 +92,8 @@ ITL = "inter_token_latency_seconds"
 E2E = "e2e_request_latency_seconds"
 QUEUE = "request_queue_time_seconds"
 HTTP = "http_request_duration_seconds"
-GENERATION_HANDLERS = 'handler=~".*completions"'   # /v1/completions and /v1/chat/completions
-
-
-def http_quantile(q: float) -> str:
-    """A percentile of the HTTP time of the generation endpoints, per model."""
-    buckets = rate(f"{HTTP}_bucket", by="model_name, le", extra=GENERATION_HANDLERS)
-    guard = f"({rate(f'{HTTP}_count', extra=GENERATION_HANDLERS)} > 0)"
-    return f"histogram_quantile({q}, {buckets}\n  and on (model_name) {guard})"
+# the generation endpoints' answered requests (errors and refusals return early, and fast)
+GENERATION_OK = 'handler=~".*completions", status="2xx"'
 
 ACCEPTANCE_LENGTH = "1 + " + ratio(rate(ACCEPTED), rate(DRAFTS))
 
@@ -309,7 +304,7 @@ def serving_panels() -> list[Spec]:
               "sight of a request to its response's last byte, `<prefix>:http_request_duration_seconds`) "
               "beside the engine's own (`<prefix>:e2e_request_latency_seconds`). A gap means requests "
               "wait around the engine: body reading, the event loop, response writing.",
-              [(http_quantile(0.99), "{{model_name}} HTTP p99"),
+              [(quantile(0.99, HTTP, extra=GENERATION_OK), "{{model_name}} HTTP p99"),
                (quantile(0.99, E2E), "{{model_name}} engine p99")], unit="s", min=0),
         latency_heatmap("Time to first token heatmap", "Arrival to first output token", TTFT),
         latency_heatmap("Inter-token latency heatmap", "Gaps between consecutive outputs of a sequence", ITL),

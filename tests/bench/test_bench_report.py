@@ -136,3 +136,56 @@ def test_serve_load_clients_default_by_response_kind():
         options_from_args(_parse("--out", "/tmp/x", "--serve-clients", "raw"))
     with pytest.raises(ValueError, match="httpx, raw"):
         options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "curl"))
+
+
+def test_the_raw_load_client_records_failures_and_reconnects():
+    """The serve section's raw client against a scripted server, one worker: an error status is
+    a failed request on a kept connection; Connection: close, a chunked reply and a timeout each
+    cost a new connection; the requests after them still succeed; no exception ends the level."""
+    import asyncio
+    import json as json_
+
+    from specserve.bench.serve_load import _drive_raw
+
+    ok = json_.dumps({"choices": [{"token_ids": [1, 2, 3]}], "usage": {"completion_tokens": 3}}).encode()
+    replies = [b"200 OK\r\ncontent-length: %d\r\n\r\n" % len(ok) + ok,
+               b"500 Internal Server Error\r\ncontent-length: 4\r\n\r\nboom",
+               b"200 OK\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(ok) + ok,
+               b"200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+               None,                                                   # never answered: a timeout
+               b"200 OK\r\ncontent-length: %d\r\n\r\n" % len(ok) + ok]
+    connections = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                reply = replies.pop(0)
+                if reply is None:
+                    await asyncio.sleep(5)
+                    return
+                writer.write(b"HTTP/1.1 " + reply)
+                await writer.drain()
+                if b"connection: close" in reply:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await _drive_raw(f"http://127.0.0.1:{port}", lambda p: {"prompt": p}, [[i] for i in range(6)],
+                                    concurrency=1, timeout=0.5)
+
+    records, _, _ = asyncio.run(run())
+    assert [r.error is None for r in records] == [True, False, True, False, False, True]
+    assert records[1].error.startswith("HTTP 500") and "Content-Length" in records[3].error
+    assert "Timeout" in records[4].error
+    assert [r.num_tokens for r in records] == [3, 0, 3, 0, 0, 3]
+    assert len(connections) == 4   # the first; after the close, the chunked reply and the timeout

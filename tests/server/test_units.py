@@ -177,3 +177,44 @@ def test_validation_errors_name_the_field() -> None:
     ]))
     assert err.status == 400 and err.param == "max_tokens"
     assert "max_tokens" in err.message and "messages.0.content" in err.message
+
+
+def test_http_timing_labels_errors_odd_methods_and_unknown_paths() -> None:
+    """The HTTP timing layer, outermost as in the server, inside Starlette's error handling: an
+    exception that escapes a route is a 5xx (the 500 is written outside this layer), a method
+    outside the HTTP set and an unknown path each fold into "other"."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from starlette.testclient import TestClient
+
+    from prometheus_client import generate_latest
+
+    from specserve.server.http_timing import HTTPTimingMiddleware
+
+    metrics = ServerMetrics("m", 2)
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        raise RuntimeError("broken")
+
+    @app.exception_handler(Exception)
+    async def on_error(_request, _exc) -> JSONResponse:
+        return JSONResponse({"error": "internal"}, status_code=500)
+
+    app.add_middleware(HTTPTimingMiddleware, histogram=metrics.http_duration, base_labels=metrics.base_labels)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/health").status_code == 500
+        assert client.request("FOOBAR", "/x/1").status_code in (404, 405)
+        assert client.request("FOOBAR", "/x/2").status_code in (404, 405)
+
+    def count(**labels: str) -> float:
+        for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+            for s in fam.samples:
+                if s.name.endswith("http_request_duration_seconds_count") and \
+                        all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        return 0.0
+
+    assert count(method="GET", handler="/health", status="5xx") == 1
+    assert count(method="other", handler="other", status="4xx") == 2
