@@ -3,9 +3,11 @@ raw asyncio one, bench/serve_load.py) against a bare asyncio HTTP/1.1 server tha
 POST after 0.2-0.4 s with a small JSON body, keep-alive, no framework. Levels of 256 requests at
 concurrency 64, alternating clients; prints, per client, the levels with requests over
 ``--slow`` seconds, those requests and the slowest. If httpx stalls here too, the stalls are the
-client's, not uvicorn's or the engine's.
+client's, not uvicorn's or the engine's. ``--trace``: then up to 10 more httpx levels with
+httpcore's trace hook on every request, printing the slowest slow request's events (seconds from
+the request's start: where it waited).
 
-    PYTHONPATH=. python3 scripts/httpx_stall_repro.py [--levels 15] [--concurrency 64]
+    PYTHONPATH=. python3 scripts/httpx_stall_repro.py [--levels 15] [--concurrency 64] [--trace]
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import asyncio
 import json
 import random
 import threading
+
+import time
+
+import httpx
 
 from specserve.bench.serve_load import _drive, tcp_counters
 
@@ -54,12 +60,36 @@ def start_server() -> int:
     return ready[0]
 
 
+async def _traced_level(url: str, concurrency: int, requests: int) -> list[tuple[float, list]]:
+    """One httpx level like the bench's (a semaphore over gathered requests, a pool of
+    concurrency + 4): each request's seconds and its httpcore trace events."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        sem = asyncio.Semaphore(concurrency)
+        out: list[tuple[float, list]] = []
+
+        async def one() -> None:
+            async with sem:
+                events: list[tuple[str, float]] = []
+                t0 = time.perf_counter()
+
+                async def trace(name: str, info: dict) -> None:
+                    events.append((name, round(time.perf_counter() - t0, 3)))
+
+                await client.post(url + "/v1/completions", json={"prompt": [1]}, extensions={"trace": trace})
+                out.append((time.perf_counter() - t0, events))
+
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", type=int, default=15, help="levels per client")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--requests", type=int, default=256, help="requests per level")
     p.add_argument("--slow", type=float, default=0.9, help="seconds that make a request slow")
+    p.add_argument("--trace", action="store_true", help="print where the slowest httpx request waited")
     a = p.parse_args()
     url = f"http://127.0.0.1:{start_server()}"
     tally = {c: {"levels": 0, "requests": 0, "worst": 0.0, "probes": 0} for c in ("httpx", "raw")}
@@ -78,6 +108,13 @@ def main() -> None:
     for client, t in tally.items():
         print(f"{client}: {t['levels']} of {a.levels} levels with requests over {a.slow:g} s, "
               f"{t['requests']} such requests, slowest {t['worst']:.2f} s, {t['probes']} TCP loss probes")
+    for _ in range(10 if a.trace else 0):
+        slow = [r for r in asyncio.run(_traced_level(url, a.concurrency, a.requests)) if r[0] > a.slow]
+        if slow:
+            seconds, events = max(slow)
+            print(f"slowest traced httpx request: {seconds:.2f} s; httpcore events (s from its start): "
+                  + ", ".join(f"{name} {t:g}" for name, t in events))
+            break
 
 
 if __name__ == "__main__":
