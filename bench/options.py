@@ -48,7 +48,7 @@ class BenchOptions:
     serve_output_len: int = 64
     serve_stream: bool = True               # False: responses in one body (no TTFT / ITL / TPOT)
     serve_log_level: str = "warning"        # the server's --log-level (serve.log)
-    # load clients, each level run with each in turn; () = raw for bodies, httpx for streams
+    # load clients, each level run with each in turn (default: raw)
     serve_clients: tuple[str, ...] = ()
     serve_timeout: float = 300.0            # server start-up
     plots: bool = True
@@ -92,8 +92,6 @@ class BenchOptions:
             raise ValueError(f"--adaptive-variants must name some of {', '.join(ADAPTIVE_VARIANTS)}")
         if set(self.serve_clients) - {"httpx", "raw"}:
             raise ValueError("--serve-clients must name some of httpx, raw")
-        if "raw" in self.serve_clients and self.serve_stream:
-            raise ValueError("--serve-clients raw sends bodies only: add --serve-no-stream")
         if self.adaptive_repeats < 1:
             raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
@@ -101,8 +99,8 @@ class BenchOptions:
 
     @property
     def load_clients(self) -> tuple[str, ...]:
-        """The serve section's clients: as given, else raw for bodies and httpx for streams."""
-        return self.serve_clients or (("httpx",) if self.serve_stream else ("raw",))
+        """The serve section's clients: as given, else raw."""
+        return self.serve_clients or ("raw",)
 
     def requests_for(self, concurrency: int) -> int:
         if self.serve_requests is not None:
@@ -177,11 +175,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, help="the serve section's requests ask for one JSON body, not a "
                                       "stream (throughput and E2E only)")
     p.add_argument("--serve-clients", type=_names, default=None,
-                   help="load clients of the serve section, each level run with each in turn: httpx "
-                        "(its connection pool; the default for streams) and raw (one keep-alive "
-                        "connection per worker over asyncio streams; bodies only, and their default: "
-                        "httpx stalls some levels for seconds outside the server, see "
-                        "scripts/httpx_stall_repro.py)")
+                   help="load clients of the serve section, each level run with each in turn: raw "
+                        "(the default: one keep-alive connection per concurrent worker over asyncio "
+                        "streams, streams and bodies) and httpx (its connection pool, which held "
+                        "requests for seconds with a connection free: scripts/httpx_stall_repro.py)")
     p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
                    help="the serve section's server log level (default warning; at info its stats "
                         "line lands in serve.log every second)")

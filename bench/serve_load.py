@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Callable, Optional, Sequence
+from typing import AsyncIterator, Callable, Optional, Sequence
 
 import httpx
 
@@ -237,11 +237,12 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
 
 async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: list[list[int]],
                      concurrency: int, timeout: float) -> tuple[list[RequestRecord], float, float]:
-    """Bodies through ``concurrency`` workers, each with one keep-alive HTTP/1.1 connection of
+    """Requests through ``concurrency`` workers, each with one keep-alive HTTP/1.1 connection of
     its own, written and read with asyncio streams (no HTTP library): the second client, to
-    tell a client's stalls from the server's. A request that fails (an error status, a broken
-    or closed connection, a reply without Content-Length, ``timeout``) is recorded as failed,
-    and the worker reconnects unless the reply left the connection reusable."""
+    tell a client's stalls from the server's (httpcore's pool held requests for seconds with a
+    connection free: scripts/httpx_stall_repro.py). A request that fails (an error status, a
+    broken or closed connection, a reply it cannot read, ``timeout``) is recorded as failed, and
+    the worker reconnects unless the reply left the connection reusable."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None or parts.port is None:
         raise ValueError(f"the raw client needs an http://host:port URL, not {url!r}")
@@ -258,7 +259,7 @@ async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: li
             try:
                 if conn is None:
                     conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-                keep = await asyncio.wait_for(_raw_body(conn[0], conn[1], host, body_of(prompt), rec), timeout)
+                keep = await asyncio.wait_for(_raw_request(conn[0], conn[1], host, body_of(prompt), rec), timeout)
             except (OSError, ValueError, IndexError, TimeoutError, asyncio.IncompleteReadError,
                     asyncio.LimitOverrunError) as e:
                 rec.error = f"{type(e).__name__}: {e}"
@@ -275,11 +276,12 @@ async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: li
     return records, time.perf_counter() - t0, t0
 
 
-async def _raw_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-                    body: dict, rec: RequestRecord) -> bool:
-    """One POST /v1/completions on an open connection, filling ``rec``; whether the connection
-    can carry the next request (its reply was read whole and did not say Connection: close).
-    Raises on a reply it cannot read: no Content-Length (chunked), a broken status line."""
+async def _raw_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                       body: dict, rec: RequestRecord) -> bool:
+    """One POST /v1/completions on an open connection, filling ``rec`` as the httpx path does (a
+    stream: one chunk per SSE event with tokens, timed on arrival; a body: one chunk); whether
+    the connection can carry the next request (its reply was read whole and did not say
+    Connection: close). Raises on a reply it cannot read."""
     data = json.dumps(body).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
                  b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode()
@@ -288,11 +290,22 @@ async def _raw_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:] if h)}
-    if "content-length" not in headers:
-        raise ValueError(f"HTTP {status} reply without Content-Length "
-                         f"(transfer-encoding {headers.get('transfer-encoding')!r})")
-    payload = await reader.readexactly(int(headers["content-length"]))
     keep = headers.get("connection", "").lower() != "close"
+    chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+    if chunked and status == 200 and body.get("stream"):
+        pending = b""
+        async for piece in _chunks(reader):
+            now = time.perf_counter()
+            *events, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+            for event in events:
+                _read_event(event, now, rec)
+        return keep
+    if chunked:
+        payload = b"".join([piece async for piece in _chunks(reader)])
+    elif "content-length" in headers:
+        payload = await reader.readexactly(int(headers["content-length"]))
+    else:
+        raise ValueError(f"HTTP {status} reply with neither Content-Length nor chunks")
     if status != 200:
         rec.error = f"HTTP {status}: {payload[:300]!r}"
         return keep
@@ -304,11 +317,41 @@ async def _raw_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return keep
 
 
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The pieces of a chunked HTTP/1.1 body, each as it arrives (trailers skipped)."""
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":
+                pass
+            return
+        piece = await reader.readexactly(size)
+        await reader.readexactly(2)
+        yield piece
+
+
+def _read_event(event: bytes, now: float, rec: RequestRecord) -> None:
+    """One SSE event of a completion stream into ``rec``: its tokens as a chunk at ``now``, its
+    usage, or its error."""
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        obj = json.loads(line[6:])
+        if "error" in obj:
+            rec.error = str(obj["error"])[:300]
+            continue
+        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+        if n:
+            rec.chunks.append((now, n))
+        if obj.get("usage"):
+            rec.completion_tokens = obj["usage"].get("completion_tokens")
+
+
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,
                  concurrency: int, timeout: float, stream: bool = True,
                  client_kind: str = "httpx") -> tuple[list[RequestRecord], float, float]:
     """(the records, the level's seconds, its start on the perf_counter clock). ``client_kind``:
-    httpx (its connection pool; streams or bodies) or raw (bodies only; see _drive_raw)."""
+    httpx (its connection pool) or raw (a connection per worker; see _drive_raw)."""
     def body_of(prompt: list[int]) -> dict:
         body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
                 "ignore_eos": True, "stream": stream, "return_token_ids": True}
@@ -317,8 +360,6 @@ async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int
         return body
 
     if client_kind == "raw":
-        if stream:
-            raise ValueError("the raw client sends bodies only (--serve-no-stream)")
         return await _drive_raw(url, body_of, prompts, concurrency, timeout)
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)

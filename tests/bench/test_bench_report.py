@@ -126,14 +126,12 @@ def test_tcp_counters_read_the_named_counters_of_both_files(tmp_path):
     assert tcp_counters((str(snmp), str(tmp_path / "missing"))) is None
 
 
-def test_serve_load_clients_default_by_response_kind():
-    """Bodies default to the raw client, streams to httpx; raw cannot stream; both may be named."""
-    assert options_from_args(_parse("--out", "/tmp/x")).load_clients == ("httpx",)
+def test_serve_load_clients_default_to_raw():
+    """The raw client by default, streams or bodies; both may be named; nothing else."""
+    assert options_from_args(_parse("--out", "/tmp/x")).load_clients == ("raw",)
     assert options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream")).load_clients == ("raw",)
     both = options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "httpx,raw"))
     assert both.load_clients == ("httpx", "raw")
-    with pytest.raises(ValueError, match="bodies only"):
-        options_from_args(_parse("--out", "/tmp/x", "--serve-clients", "raw"))
     with pytest.raises(ValueError, match="httpx, raw"):
         options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "curl"))
 
@@ -185,7 +183,54 @@ def test_the_raw_load_client_records_failures_and_reconnects():
 
     records, _, _ = asyncio.run(run())
     assert [r.error is None for r in records] == [True, False, True, False, False, True]
-    assert records[1].error.startswith("HTTP 500") and "Content-Length" in records[3].error
+    assert records[1].error.startswith("HTTP 500") and "JSONDecodeError" in records[3].error   # chunks read
     assert "Timeout" in records[4].error
     assert [r.num_tokens for r in records] == [3, 0, 3, 0, 0, 3]
-    assert len(connections) == 4   # the first; after the close, the chunked reply and the timeout
+    assert len(connections) == 4   # the first; after the close, the unreadable reply and the timeout
+
+
+def test_the_raw_load_client_reads_a_chunked_event_stream():
+    """A streamed completion through the raw client: SSE events split across chunks, one
+    timed chunk per event with tokens, the usage event's count, and the connection kept for the
+    next request; an error event fails the request."""
+    import asyncio
+    import json as json_
+
+    from specserve.bench.serve_load import _drive_raw
+
+    def event(obj) -> bytes:
+        return b"data: " + json_.dumps(obj).encode() + b"\n\n"
+
+    stream = (event({"choices": [{"token_ids": [1, 2]}]}) + event({"choices": [{"token_ids": [3]}]})
+              + event({"choices": [], "usage": {"completion_tokens": 3}}) + b"data: [DONE]\n\n")
+    pieces = [stream[:10], stream[10:47], stream[47:]]            # events cut across chunks
+    chunked = b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in pieces) + b"0\r\n\r\n"
+    failing = event({"error": {"message": "boom"}}) + b"data: [DONE]\n\n"
+    replies = [chunked, b"%x\r\n" % len(failing) + failing + b"\r\n0\r\n\r\n", chunked]
+    connections = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        try:
+            while replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                assert json_.loads(await reader.readexactly(length))["stream"] is True
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + replies.pop(0))
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await _drive_raw(f"http://127.0.0.1:{port}", lambda p: {"prompt": p, "stream": True},
+                                    [[0], [1], [2]], concurrency=1, timeout=5.0)
+
+    records, _, _ = asyncio.run(run())
+    assert [r.error for r in records][::2] == [None, None] and "boom" in records[1].error
+    for r in records[::2]:
+        assert [n for _, n in r.chunks] == [2, 1] and r.completion_tokens == 3 == r.num_tokens
+        assert r.start <= r.chunks[0][0] <= r.chunks[1][0] <= r.end
+    assert len(connections) == 1   # every reply read whole: one connection throughout

@@ -46,7 +46,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cmd = [sys.executable, "-m", "specserve.server.cli", "bench", "--out", str(out), "--quick", "--device", "cpu",
            "--pair-target", str(target), "--pair-draft", str(draft), "--k", str(K),
            "--serve-concurrency", ",".join(map(str, SERVE_CONCURRENCY)),
-           "--serve-output-len", str(SERVE_OUTPUT)]
+           "--serve-output-len", str(SERVE_OUTPUT), "--serve-clients", "raw,httpx"]
     env = _bench_env()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -178,7 +178,9 @@ def test_peer_matches_transformers(bench_run):
 def test_serve_levels_add_up(bench_run):
     s = _section(bench_run, "serve")
     levels = s["data"]["levels"]
-    assert [lvl["concurrency"] for lvl in levels] == list(SERVE_CONCURRENCY)
+    # streams through both load clients in turn: the raw one (the default) and httpx
+    assert [(lvl["concurrency"], lvl["client"]) for lvl in levels] == \
+        [(c, client) for c in SERVE_CONCURRENCY for client in ("raw", "httpx")]
     for lvl in levels:
         n = lvl["num_requests"]
         assert lvl["failed"] == 0 and lvl["completed"] == n, lvl["errors"]
