@@ -177,8 +177,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-clients", type=_names, default=None,
                    help="load clients of the serve section, each level run with each in turn: raw "
                         "(the default: one keep-alive connection per concurrent worker over asyncio "
-                        "streams, streams and bodies) and httpx (its connection pool, which held "
-                        "requests for seconds with a connection free: scripts/httpx_stall_repro.py)")
+                        "streams, streams and bodies) and httpx (its connection pool; it held some "
+                        "requests for seconds before writing them: scripts/httpx_stall_repro.py)")
     p.add_argument("--serve-log-level", choices=("warning", "info", "debug"), default=None,
                    help="the serve section's server log level (default warning; at info its stats "
                         "line lands in serve.log every second)")

@@ -197,8 +197,8 @@ async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
-                if data == "[DONE]":
-                    break
+                if data == "[DONE]":   # (read on to the stream's end: the connection is then reused)
+                    continue
                 obj = json.loads(data)
                 if "error" in obj:
                     rec.error = str(obj["error"])[:300]
@@ -208,7 +208,7 @@ async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
                     rec.chunks.append((time.perf_counter(), n))
                 if obj.get("usage"):
                     rec.completion_tokens = obj["usage"].get("completion_tokens")
-    except httpx.HTTPError as e:
+    except Exception as e:  # noqa: BLE001 - any failure is this request's, not the level's
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.end = time.perf_counter()
@@ -228,7 +228,7 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
         if n:   # (a body without tokens counts as failed, as an empty stream does)
             rec.chunks.append((time.perf_counter(), n))
         rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
-    except httpx.HTTPError as e:
+    except Exception as e:  # noqa: BLE001 - any failure is this request's, not the level's
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.end = time.perf_counter()
@@ -239,10 +239,11 @@ async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: li
                      concurrency: int, timeout: float) -> tuple[list[RequestRecord], float, float]:
     """Requests through ``concurrency`` workers, each with one keep-alive HTTP/1.1 connection of
     its own, written and read with asyncio streams (no HTTP library): the second client, to
-    tell a client's stalls from the server's (httpcore's pool held requests for seconds with a
-    connection free: scripts/httpx_stall_repro.py). A request that fails (an error status, a
+    tell a client's stalls from the server's (httpx held requests for seconds before writing
+    them: scripts/httpx_stall_repro.py). A request that fails (an error status, a
     broken or closed connection, a reply it cannot read, ``timeout``) is recorded as failed, and
-    the worker reconnects unless the reply left the connection reusable."""
+    the worker reconnects unless the reply left the connection reusable. ``timeout`` bounds a
+    whole request here, where httpx bounds each connect, read and write."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None or parts.port is None:
         raise ValueError(f"the raw client needs an http://host:port URL, not {url!r}")
@@ -260,8 +261,7 @@ async def _drive_raw(url: str, body_of: Callable[[list[int]], dict], prompts: li
                 if conn is None:
                     conn = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
                 keep = await asyncio.wait_for(_raw_request(conn[0], conn[1], host, body_of(prompt), rec), timeout)
-            except (OSError, ValueError, IndexError, TimeoutError, asyncio.IncompleteReadError,
-                    asyncio.LimitOverrunError) as e:
+            except Exception as e:  # noqa: BLE001 - any failure is this request's, not the level's
                 rec.error = f"{type(e).__name__}: {e}"
             finally:
                 rec.end = time.perf_counter()
@@ -299,6 +299,8 @@ async def _raw_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             *events, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
             for event in events:
                 _read_event(event, now, rec)
+        if pending.strip():   # a last event without its blank line
+            _read_event(pending, time.perf_counter(), rec)
         return keep
     if chunked:
         payload = b"".join([piece async for piece in _chunks(reader)])

@@ -5,7 +5,8 @@ concurrency 64, alternating clients; prints, per client, the levels with request
 ``--slow`` seconds, those requests and the slowest. If httpx stalls here too, the stalls are the
 client's, not uvicorn's or the engine's. ``--trace``: then up to 10 more httpx levels with
 httpcore's trace hook on every request, printing the slowest slow request's events (seconds from
-the request's start: where it waited).
+the request's start). Time before the first event is spent before httpcore writes the request:
+in httpx, the connection pool or the event loop (the server thread here shares the GIL).
 
     PYTHONPATH=. python3 scripts/httpx_stall_repro.py [--levels 15] [--concurrency 64] [--trace]
 """
@@ -115,6 +116,9 @@ def main() -> None:
             print(f"slowest traced httpx request: {seconds:.2f} s; httpcore events (s from its start): "
                   + ", ".join(f"{name} {t:g}" for name, t in events))
             break
+    else:
+        if a.trace:
+            print(f"no traced httpx request took over {a.slow:g} s in 10 levels")
 
 
 if __name__ == "__main__":

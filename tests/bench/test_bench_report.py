@@ -138,8 +138,9 @@ def test_serve_load_clients_default_to_raw():
 
 def test_the_raw_load_client_records_failures_and_reconnects():
     """The serve section's raw client against a scripted server, one worker: an error status is
-    a failed request on a kept connection; Connection: close, a chunked reply and a timeout each
-    cost a new connection; the requests after them still succeed; no exception ends the level."""
+    a failed request on a kept connection; Connection: close, a chunked reply that is not JSON
+    and a timeout each cost a new connection; the requests after them still succeed; no
+    exception ends the level."""
     import asyncio
     import json as json_
 
@@ -190,23 +191,26 @@ def test_the_raw_load_client_records_failures_and_reconnects():
 
 
 def test_the_raw_load_client_reads_a_chunked_event_stream():
-    """A streamed completion through the raw client: SSE events split across chunks, one
-    timed chunk per event with tokens, the usage event's count, and the connection kept for the
-    next request; an error event fails the request."""
+    """A streamed completion through the raw client: SSE events split across chunks that arrive
+    50 ms apart, each event with tokens timed when its chunk arrives; \\r\\n line ends, trailers
+    and a last event without its blank line read too; the usage event's count; an error event
+    fails its request; every reply read whole, so one connection serves them all."""
     import asyncio
     import json as json_
 
     from specserve.bench.serve_load import _drive_raw
 
-    def event(obj) -> bytes:
-        return b"data: " + json_.dumps(obj).encode() + b"\n\n"
+    def event(obj, end: bytes = b"\n\n") -> bytes:
+        return b"data: " + json_.dumps(obj).encode() + end
 
-    stream = (event({"choices": [{"token_ids": [1, 2]}]}) + event({"choices": [{"token_ids": [3]}]})
-              + event({"choices": [], "usage": {"completion_tokens": 3}}) + b"data: [DONE]\n\n")
-    pieces = [stream[:10], stream[10:47], stream[47:]]            # events cut across chunks
-    chunked = b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in pieces) + b"0\r\n\r\n"
-    failing = event({"error": {"message": "boom"}}) + b"data: [DONE]\n\n"
-    replies = [chunked, b"%x\r\n" % len(failing) + failing + b"\r\n0\r\n\r\n", chunked]
+    first, second = event({"choices": [{"token_ids": [1, 2]}]}), event({"choices": [{"token_ids": [3]}]})
+    usage = event({"choices": [], "usage": {"completion_tokens": 3}})
+    plain = [first[:10], first[10:], second + usage + b"data: [DONE]\n\n"]      # cut inside an event
+    crlf = [first.replace(b"\n", b"\r\n")[:-1], b"\n",                    # \r | \n across chunks
+            (second + usage).replace(b"\n", b"\r\n")]
+    unterminated = [first, second, event({"choices": [], "usage": {"completion_tokens": 3}}, end=b"")]
+    failing = [event({"error": {"message": "boom"}}) + b"data: [DONE]\n\n"]
+    replies = [(plain, b""), (failing, b""), (crlf, b"x-trailer: 1\r\n"), (unterminated, b"")]
     connections = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -216,7 +220,13 @@ def test_the_raw_load_client_reads_a_chunked_event_stream():
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
                 assert json_.loads(await reader.readexactly(length))["stream"] is True
-                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + replies.pop(0))
+                pieces, trailer = replies.pop(0)
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                for piece in pieces:
+                    writer.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                writer.write(b"0\r\n" + trailer + b"\r\n")
                 await writer.drain()
         finally:
             writer.close()
@@ -226,11 +236,12 @@ def test_the_raw_load_client_reads_a_chunked_event_stream():
         port = server.sockets[0].getsockname()[1]
         async with server:
             return await _drive_raw(f"http://127.0.0.1:{port}", lambda p: {"prompt": p, "stream": True},
-                                    [[0], [1], [2]], concurrency=1, timeout=5.0)
+                                    [[0], [1], [2], [3]], concurrency=1, timeout=5.0)
 
     records, _, _ = asyncio.run(run())
-    assert [r.error for r in records][::2] == [None, None] and "boom" in records[1].error
-    for r in records[::2]:
+    assert [r.error is None for r in records] == [True, False, True, True] and "boom" in records[1].error
+    for r in (records[0], records[2], records[3]):
         assert [n for _, n in r.chunks] == [2, 1] and r.completion_tokens == 3 == r.num_tokens
-        assert r.start <= r.chunks[0][0] <= r.chunks[1][0] <= r.end
-    assert len(connections) == 1   # every reply read whole: one connection throughout
+        (t1, _), (t2, _) = r.chunks
+        assert r.start <= t1 and t2 - t1 >= 0.04 and t2 <= r.end   # timed on arrival, not at the end
+    assert len(connections) == 1
