@@ -249,6 +249,12 @@ def _params(temperature: float, max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
 
 
+def mean_k(hist: list[int]) -> Optional[float]:
+    """The mean of a chosen-k histogram (rows at each k), None if it is empty."""
+    n = sum(hist)
+    return sum(k * c for k, c in enumerate(hist)) / n if n else None
+
+
 def _count(hist: list[int], counts: list[int]) -> None:
     """Add a step's sampling requests per chosen k (``StepStats.spec_chosen_k``) to ``hist``."""
     if len(hist) < len(counts):

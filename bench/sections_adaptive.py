@@ -131,11 +131,6 @@ def _compare(plain: Optional[float], fixed: dict[str, Optional[float]], ada: Opt
             "adaptive_over_best_fixed": ada / known[best] if ada and best else None}
 
 
-def _mean_k(hist: list[int]) -> Optional[float]:
-    n = sum(hist)
-    return sum(k * c for k, c in enumerate(hist)) / n if n else None
-
-
 def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
     rows = []
     goal = f">= {GOAL_PLAIN:.2f}x no-spec, >= {GOAL_FIXED:.2f}x best fixed k"
@@ -154,7 +149,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
                     row["adaptive_over_plain"] = statistics.median(paired)
                 _pair_with_best(row, cell)
                 row.update(pair=label, temperature=t, batch=str(b), label=f"{label}, T={t:g}, batch {b}",
-                           mean_k=_mean_k(cell["adaptive"]["chosen_k"]),
+                           mean_k=ad.mean_k(cell["adaptive"]["chosen_k"]),
                            accept_len=cell["adaptive"]["acceptance_length"], goal=goal)
                 _variant_columns(row, cell)
                 row["status_plain"] = at_least(row["adaptive_over_plain"], GOAL_PLAIN)
@@ -173,7 +168,7 @@ def _rows(data: dict, s: ad.AdaptiveSettings) -> list[dict]:
         label = dict(PAIRS)[RAMP_PAIR]
         _variant_columns(row, ramp)
         row.update(pair=f"{label}, ramp", temperature=RAMP_TEMPERATURE, batch=f"1-{peak}-1",
-                   label=f"{label}, ramp 1 -> {peak} -> 1", mean_k=_mean_k(ramp["adaptive"]["chosen_k"]),
+                   label=f"{label}, ramp 1 -> {peak} -> 1", mean_k=ad.mean_k(ramp["adaptive"]["chosen_k"]),
                    accept_len=ramp["adaptive"]["acceptance_length"],
                    goal=f">= {GOAL_RAMP:.2f}x best fixed k")
         row["status"] = at_least(row["adaptive_over_best_fixed"], GOAL_RAMP)
@@ -204,7 +199,7 @@ def _variant_columns(row: dict, results: dict) -> None:
             tps = row[c] = r["tok_per_s"]
             row[f"{c}_over_plain"] = (statistics.median(runs) if runs else
                                       tps / row["plain"] if tps and row["plain"] else None)
-            row[f"{c}_mean_k"] = _mean_k(r["chosen_k"])
+            row[f"{c}_mean_k"] = ad.mean_k(r["chosen_k"])
 
 
 def _both(plain: str, fixed: str) -> str:

@@ -199,7 +199,7 @@ def _tcp_note(tcp: Optional[dict]) -> str:
 
 
 def _slow_note(slow: dict) -> str:
-    """Requests over the slow bound as the client timed them and as the server's engine did."""
+    """Requests over the slow bound as the client, the server's app and its engine timed them."""
     if not slow["client"] and not slow["server"]:
         return ""
     server = "n/a" if slow["server"] is None else f"{slow['server']:g}"

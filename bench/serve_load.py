@@ -193,21 +193,9 @@ async def _one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
                 return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":   # (read on to the stream's end: the connection is then reused)
-                    continue
-                obj = json.loads(data)
-                if "error" in obj:
-                    rec.error = str(obj["error"])[:300]
-                    continue
-                n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-                if n:
-                    rec.chunks.append((time.perf_counter(), n))
-                if obj.get("usage"):
-                    rec.completion_tokens = obj["usage"].get("completion_tokens")
+            async for line in resp.aiter_lines():   # (to the stream's end: the connection is reused)
+                if line.startswith("data: "):
+                    _take_event(line[6:], rec)
     except Exception as e:  # noqa: BLE001 - any failure is this request's, not the level's
         rec.error = f"{type(e).__name__}: {e}"
     finally:
@@ -223,11 +211,7 @@ async def _one_body(client: httpx.AsyncClient, url: str, body: dict) -> RequestR
         if resp.status_code != 200:
             rec.error = f"HTTP {resp.status_code}: {resp.text[:300]!r}"
             return rec
-        obj = resp.json()
-        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-        if n:   # (a body without tokens counts as failed, as an empty stream does)
-            rec.chunks.append((time.perf_counter(), n))
-        rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+        _take_body(resp.json(), rec)
     except Exception as e:  # noqa: BLE001 - any failure is this request's, not the level's
         rec.error = f"{type(e).__name__}: {e}"
     finally:
@@ -311,11 +295,7 @@ async def _raw_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     if status != 200:
         rec.error = f"HTTP {status}: {payload[:300]!r}"
         return keep
-    obj = json.loads(payload)
-    n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-    if n:
-        rec.chunks.append((time.perf_counter(), n))
-    rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+    _take_body(json.loads(payload), rec)
     return keep
 
 
@@ -333,20 +313,41 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
 
 
 def _read_event(event: bytes, now: float, rec: RequestRecord) -> None:
-    """One SSE event of a completion stream into ``rec``: its tokens as a chunk at ``now``, its
-    usage, or its error."""
+    """One SSE event of a completion stream (its lines) into ``rec``, tokens timed at ``now``."""
     for line in event.split(b"\n"):
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        obj = json.loads(line[6:])
-        if "error" in obj:
-            rec.error = str(obj["error"])[:300]
-            continue
-        n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-        if n:
-            rec.chunks.append((now, n))
-        if obj.get("usage"):
-            rec.completion_tokens = obj["usage"].get("completion_tokens")
+        if line.startswith(b"data: "):
+            _take_event(line[6:], rec, now)
+
+
+def _take_event(data: str | bytes, rec: RequestRecord, now: Optional[float] = None) -> None:
+    """One SSE ``data:`` payload of a completion stream, for both clients: [DONE] passes, an
+    error marks the request failed, tokens become a chunk timed at ``now`` (default: as it is
+    read), usage gives the completion tokens."""
+    if data in ("[DONE]", b"[DONE]"):
+        return
+    obj = json.loads(data)
+    if "error" in obj:
+        rec.error = str(obj["error"])[:300]
+        return
+    n = _tokens(obj)
+    if n:
+        rec.chunks.append((time.perf_counter() if now is None else now, n))
+    if obj.get("usage"):
+        rec.completion_tokens = obj["usage"].get("completion_tokens")
+
+
+def _take_body(obj: dict, rec: RequestRecord) -> None:
+    """A completion's JSON body, for both clients: its tokens as one chunk timed now (a body
+    without tokens counts as failed, as an empty stream does) and its usage."""
+    n = _tokens(obj)
+    if n:
+        rec.chunks.append((time.perf_counter(), n))
+    rec.completion_tokens = (obj.get("usage") or {}).get("completion_tokens")
+
+
+def _tokens(obj: dict) -> int:
+    """Tokens a completion body or chunk carries (``return_token_ids``), over its choices."""
+    return sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
 
 
 async def _drive(url: str, model: str, prompts: list[list[int]], output_len: int,

@@ -67,8 +67,7 @@ def main() -> None:
             for key, us in times.items():
                 per_step.setdefault(config, {})
                 per_step[config][key] = per_step[config].get(key, 0.0) + us / a.rounds
-            rows = sum(cell.chosen_k)
-            mean_k = sum(k * c for k, c in enumerate(cell.chosen_k)) / rows if rows else None
+            mean_k = ad.mean_k(cell.chosen_k)
             print(f"== {config} round {r}: {run.decode_tok_per_s:,.0f} tok/s (profiled), "
                   f"{run.decode_steps} decode steps, {run.decode_seconds / max(1, run.decode_steps) * 1e3:.2f} "
                   f"ms a step, acceptance {run.spec.acceptance_length}"

@@ -59,8 +59,7 @@ def main() -> None:
     for _ in range(a.steps):
         core.step()
     total = sum(spent[n] for n in ("plan", "record", "after_step"))
-    chosen = ctl.chosen_counts
-    mean_k = sum(k * n for k, n in enumerate(chosen)) / max(1, sum(chosen))
+    mean_k = ad.mean_k(ctl.chosen_counts) or 0.0
     print(f"batch {a.batch}, k {a.k} (mean chosen {mean_k:.2f}), T = {a.temperature:g}: " + ", ".join(f"{n} {v / a.steps * 1e6:.1f}" for n, v in spent.items())
           + f" us a step; plan + record + after_step {total / a.steps * 1e6:.1f} us "
           "(decide inside plan, observe_step inside after_step)")

@@ -112,7 +112,7 @@ def create_app(engine: Any, *, tool_options: Any = None,
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes, body_timeout=body_timeout,
                        auth=auth)
     # outermost (added last): the HTTP side's clock starts before the key and body checks
-    app.add_middleware(HTTPTimingMiddleware, histogram=metrics.http_duration, base_labels=metrics.base_labels)
+    app.add_middleware(HTTPTimingMiddleware, observe=metrics.observe_http)
     app.include_router(build_router(auth))
     app.include_router(build_debug_router(auth, enable_test_hooks))
 

@@ -2,19 +2,19 @@
 
 The outermost ASGI layer: the clock starts when the app first sees a request (uvicorn has parsed
 its headers) and stops when the last byte of the response is handed to the transport, or when the
-app returns without finishing one (a client that went away). Labels: method, handler (one of the
-API's paths, else "other"), method (the HTTP methods, else "other": neither a scanner nor an odd
-method can grow the series) and status class ("2xx", ..., "5xx" for an exception that escapes the
-app before a response started, which the error handler outside this layer answers with a 500;
-"none" if the app returned without a response, a client gone). Beside the engine's own ``e2e_request_latency_seconds``, a request
-slow here but not there lost its time around the engine: reading its body, waiting for the event
-loop, building or writing its response.
+app returns without finishing one. Labels, each from a fixed set so that neither a scanner nor an
+odd method can grow the series: method (the HTTP methods, else "other"), handler (one of the API's
+paths, else "other") and status class ("2xx", ...; "5xx" for an exception that escapes the app
+before a response started, which the error handler outside this layer answers with a 500; "none"
+if the app returned without a response, a client gone). Beside the engine's own
+``e2e_request_latency_seconds``, a request slow here but not there lost its time around the
+engine: reading its body, waiting for the event loop, building or writing its response.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,10 +24,9 @@ TIMED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"
 
 
 class HTTPTimingMiddleware:
-    def __init__(self, app: ASGIApp, histogram: Any, base_labels: tuple[str, ...]):
+    def __init__(self, app: ASGIApp, observe: Callable[[str, str, str, float], None]):
         self.app = app
-        self.histogram = histogram      # ServerMetrics.http_duration
-        self.base = base_labels
+        self.observe = observe      # (method, handler, status, seconds): ServerMetrics.observe_http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +43,7 @@ class HTTPTimingMiddleware:
         def observe() -> None:
             if not observed[0]:
                 observed[0] = True
-                self.histogram.labels(*self.base, method, handler, status[0]).observe(time.monotonic() - start)
+                self.observe(method, handler, status[0], time.monotonic() - start)
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":

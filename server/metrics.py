@@ -112,7 +112,6 @@ class ServerMetrics:
         # vLLM labels every series with its engine index too; one engine here, so always "0"
         self._label_names = ("model_name", "engine") if prefix == "vllm" else ("model_name",)
         self._base = (model_name, "0") if prefix == "vllm" else (model_name,)
-        self.base_labels = self._base   # (the HTTP timing middleware labels its series with them)
         self._build_spec_decode()
         self._build_serving()
         self.asgi_app = prometheus_client.make_asgi_app(self.registry)
@@ -202,6 +201,10 @@ class ServerMetrics:
             "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.").labels(*m)
         self.prefix_cache_hits = self._counter(
             "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.").labels(*m)
+
+    def observe_http(self, method: str, handler: str, status: str, seconds: float) -> None:
+        """One HTTP request's time (server/http_timing.py picks the labels)."""
+        self.http_duration.labels(*self._base, method, handler, status).observe(seconds)
 
     # ------------------------------------------------------------------------------ feeding
 

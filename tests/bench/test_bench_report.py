@@ -136,6 +136,29 @@ def test_serve_load_clients_default_to_raw():
         options_from_args(_parse("--out", "/tmp/x", "--serve-no-stream", "--serve-clients", "curl"))
 
 
+async def _request_body(reader) -> bytes:
+    """A scripted server's read of one request: its head, then its Content-Length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+    return await reader.readexactly(length)
+
+
+def _raw_client_against(handle, body_of, prompts: list, timeout: float):
+    """The raw load client, one worker, against a scripted asyncio server ``handle`` on a free port."""
+    import asyncio
+
+    from specserve.bench.serve_load import _drive_raw
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await _drive_raw(f"http://127.0.0.1:{port}", body_of, prompts, concurrency=1, timeout=timeout)
+
+    records, _, _ = asyncio.run(run())
+    return records
+
+
 def test_the_raw_load_client_records_failures_and_reconnects():
     """The serve section's raw client against a scripted server, one worker: an error status is
     a failed request on a kept connection; Connection: close, a chunked reply that is not JSON
@@ -143,8 +166,6 @@ def test_the_raw_load_client_records_failures_and_reconnects():
     exception ends the level."""
     import asyncio
     import json as json_
-
-    from specserve.bench.serve_load import _drive_raw
 
     ok = json_.dumps({"choices": [{"token_ids": [1, 2, 3]}], "usage": {"completion_tokens": 3}}).encode()
     replies = [b"200 OK\r\ncontent-length: %d\r\n\r\n" % len(ok) + ok,
@@ -159,9 +180,7 @@ def test_the_raw_load_client_records_failures_and_reconnects():
         connections.append(writer)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                await reader.readexactly(length)
+                await _request_body(reader)
                 reply = replies.pop(0)
                 if reply is None:
                     await asyncio.sleep(5)
@@ -175,14 +194,7 @@ def test_the_raw_load_client_records_failures_and_reconnects():
         finally:
             writer.close()
 
-    async def run():
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await _drive_raw(f"http://127.0.0.1:{port}", lambda p: {"prompt": p}, [[i] for i in range(6)],
-                                    concurrency=1, timeout=0.5)
-
-    records, _, _ = asyncio.run(run())
+    records = _raw_client_against(handle, lambda p: {"prompt": p}, [[i] for i in range(6)], timeout=0.5)
     assert [r.error is None for r in records] == [True, False, True, False, False, True]
     assert records[1].error.startswith("HTTP 500") and "JSONDecodeError" in records[3].error   # chunks read
     assert "Timeout" in records[4].error
@@ -197,8 +209,6 @@ def test_the_raw_load_client_reads_a_chunked_event_stream():
     fails its request; every reply read whole, so one connection serves them all."""
     import asyncio
     import json as json_
-
-    from specserve.bench.serve_load import _drive_raw
 
     def event(obj, end: bytes = b"\n\n") -> bytes:
         return b"data: " + json_.dumps(obj).encode() + end
@@ -217,9 +227,7 @@ def test_the_raw_load_client_reads_a_chunked_event_stream():
         connections.append(writer)
         try:
             while replies:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                assert json_.loads(await reader.readexactly(length))["stream"] is True
+                assert json_.loads(await _request_body(reader))["stream"] is True
                 pieces, trailer = replies.pop(0)
                 writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
                 for piece in pieces:
@@ -231,14 +239,8 @@ def test_the_raw_load_client_reads_a_chunked_event_stream():
         finally:
             writer.close()
 
-    async def run():
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            return await _drive_raw(f"http://127.0.0.1:{port}", lambda p: {"prompt": p, "stream": True},
-                                    [[0], [1], [2], [3]], concurrency=1, timeout=5.0)
-
-    records, _, _ = asyncio.run(run())
+    records = _raw_client_against(handle, lambda p: {"prompt": p, "stream": True}, [[0], [1], [2], [3]],
+                                  timeout=5.0)
     assert [r.error is None for r in records] == [True, False, True, True] and "boom" in records[1].error
     for r in (records[0], records[2], records[3]):
         assert [n for _, n in r.chunks] == [2, 1] and r.completion_tokens == 3 == r.num_tokens

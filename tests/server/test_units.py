@@ -202,7 +202,7 @@ def test_http_timing_labels_errors_odd_methods_and_unknown_paths() -> None:
     async def on_error(_request, _exc) -> JSONResponse:
         return JSONResponse({"error": "internal"}, status_code=500)
 
-    app.add_middleware(HTTPTimingMiddleware, histogram=metrics.http_duration, base_labels=metrics.base_labels)
+    app.add_middleware(HTTPTimingMiddleware, observe=metrics.observe_http)
     with TestClient(app, raise_server_exceptions=False) as client:
         assert client.get("/health").status_code == 500
         assert client.request("FOOBAR", "/x/1").status_code in (404, 405)
