@@ -254,17 +254,23 @@ class EngineCore:
             self.scheduler.update_from_output(
                 so, out, stats, lambda req, res: self._append_tokens(req, res, stats, now, texts))
             if self.spec_control is not None:
-                self.spec_control.record(so.scheduled)
+                self.spec_control.committed(so.scheduled)
             for s in so.scheduled:
                 touched[s.request.parent_id] = self._parents[s.request.parent_id]
         self._fill_state(stats, so.num_scheduled_tokens)   # as this step left it, before the next
-        decision = self.spec_control.controller.last if self.spec_control is not None else None
+        decision = self.spec_control.applied if self.spec_control is not None else None
         t_queue = time.monotonic()
         try:
             self._queue_next()
         except Exception as e:   # noqa: BLE001 (raised by the next call, once this step's outputs are out)
             self._queued, self._launch_error = None, e
         self._launch_seconds = ahead_seconds + time.monotonic() - t_queue
+        if self.spec_control is not None:
+            # while the GPU runs the step just queued: this step's outcomes into the acceptance
+            # model and, while drafting, the k of the step after it (SpecControl's docstring);
+            # before the outputs, whose finished requests the controller then forgets
+            queued = self._queued[0].scheduled if self._queued is not None else None
+            self.spec_control.prepare_next(queued, waiting=len(self.scheduler.waiting))
         for detok, tokens in texts:
             for tok in tokens:
                 detok.add(tok, check_stop=False)

@@ -1242,8 +1242,24 @@ class KController:
 # ---- the engine's side -----------------------------------------------------------------------
 class SpecControl:
     """What EngineCore calls: ``plan`` after scheduling (sets each sampling request's
-    ``k_next``), ``record`` once the scheduler has committed the step, ``after_step`` with
-    the step's stats."""
+    ``k_next``), ``committed`` once the scheduler has committed the step, ``after_step`` with
+    the step's stats, and ``prepare_next`` once the next step is queued on the device.
+
+    **Deciding one step ahead.** A drafting step's tokens are read before the next step can be
+    scheduled, so whatever the host does between that read and the next launch leaves the GPU
+    idle. Two parts of it need no token of the step just read: feeding the acceptance model
+    (``record``: per request and position, ~190 us a step at batch 64 on the CPU machine) and
+    the controller's evaluation (``KController.decide``). So while drafting, both run in
+    ``prepare_next``, after the next step (N + 1) is queued and while the GPU runs it:
+    step N's outcomes are recorded, and the controller decides the batch's k for step N + 2 from
+    N + 1's rows as they were scheduled. ``plan`` for N + 2 then only applies that k to each row
+    (capped by its own budget, seeded rows at their pin). The cost: k is chosen from outcomes
+    one step older (through N, not N + 1) and from row lengths one step old; a row that joins
+    at N + 2 takes the batch's k. Neither changes which tokens come out (the sampler is exact
+    for any k, and a seeded row's tokens never depend on k). Where k must follow each row (a
+    ``force`` function), at k = 0 (decode-ahead plans those steps before the read anyway) and
+    without a queued step (async scheduling off), ``plan`` decides in full as before; the
+    outcomes are then recorded before it, unless the decision cannot use them (fixed k)."""
 
     SNAPSHOT_EVERY = 32      # steps between refreshes of the snapshot other threads read
 
@@ -1258,7 +1274,17 @@ class SpecControl:
         # request id -> (generation phase of the drafts it proposes this step, of those it
         # verifies this step: the phase the step before planned them in)
         self._phases: dict[str, tuple[int, int]] = {}
-        self.snapshot: dict = self.controller.snapshot()   # replaced whole, never mutated
+        # deciding one step ahead (class docstring): (the controller that decided, its decision
+        # for the next step planned), outcomes committed but not yet recorded, and the decision
+        # the latest ``plan`` applied (its step's own, for the stats)
+        self._ahead: Optional[tuple[KController, Decision]] = None
+        self._unrecorded: list[tuple[str, int, int, int, int]] = []
+        self.applied: Optional[Decision] = None
+        self.decided_ahead = 0   # steps planned from a decision made one step ahead
+        self.snapshot: dict = self._snapshot()   # replaced whole, never mutated
+
+    def _snapshot(self) -> dict:
+        return {**self.controller.snapshot(), "steps_decided_ahead": self.decided_ahead}
 
     def _fixed_part(self, req) -> tuple[int, Optional[int]]:
         """(temperature bucket, pinned k) of a request, computed once: its parameters never
@@ -1291,6 +1317,10 @@ class SpecControl:
         ctl = self.controller
         ctl.acceptance.tick()
         ctl.waiting = waiting
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is ctl:
+            self._apply(scheduled, ahead[1], unread)
+            return
         decode_only = unread > 0   # decode-ahead's continuation: every row samples, k_next = 0
         if ctl.current == 0 and ctl.hold_zero(len(scheduled) if decode_only else
                                               sum(1 for s in scheduled if s.samples)):
@@ -1313,10 +1343,83 @@ class SpecControl:
             rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
                             max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0, phase))
         if sampling:
-            decision = ctl.decide(rows)
+            decision = self.applied = ctl.decide(rows)
             for s, k in zip(sampling, decision.ks):
                 s.k_next = k
         self._mark(scheduled, hold=False)
+
+    def _rows(self, scheduled: list, unread: int = 0) -> list[Row]:
+        """The controller's view of a step's sampling requests (``plan``'s, without its
+        bookkeeping of generation phases)."""
+        ctl, k_max, max_len = self.controller, self.controller.k_max, self.max_model_len
+        rows = []
+        for s in scheduled:
+            if not s.samples:
+                continue
+            req = s.request
+            f = self._fixed_part(req)
+            n = len(req.token_ids) + unread
+            left = req.max_tokens - (n - req.prompt_len)
+            rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
+                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0,
+                            ctl.acceptance.phase(n - req.prompt_len)))
+        return rows
+
+    def _apply(self, scheduled: list, decision: Decision, unread: int) -> None:
+        """``plan`` from a decision made one step ahead: each sampling row takes the batch's k
+        (seeded rows their pin), capped by its own budget."""
+        ctl, k_max, max_len = self.controller, self.controller.k_max, self.max_model_len
+        k = decision.k
+        for s in scheduled:
+            if not s.samples:
+                continue
+            req = s.request
+            pinned = self._fixed_part(req)[1]
+            phase = ctl.acceptance.phase(len(req.token_ids) + unread - req.prompt_len)
+            before = self._phases.get(req.request_id)
+            self._phases[req.request_id] = (phase, phase if before is None else before[0])
+            s.k_next = min(k if pinned is None else pinned, req.spec_budget(k_max, max_len, 1 + unread))
+        self.applied = decision
+        self.decided_ahead += 1
+        self._mark(scheduled, hold=False)
+
+    def _decides_ahead(self) -> bool:
+        """Whether the next step's k can be chosen before this step's tokens are read: an
+        adaptive controller that drafts, with a cost model and no per-row ``force``."""
+        ctl = self.controller
+        return ctl.adaptive and ctl.force is None and ctl.cost is not None and ctl.current > 0
+
+    def _needs_outcomes_now(self) -> bool:
+        """Whether the next ``plan`` reads the acceptance model: a full adaptive evaluation. A
+        decision made ahead was made with them already; fixed k and ``force`` never read it."""
+        ctl = self.controller
+        return (self._ahead is None and ctl.adaptive and ctl.force is None
+                and ctl.cost is not None)
+
+    def committed(self, scheduled: list) -> None:
+        """The scheduler has committed this step: its verifications go to the acceptance
+        model now if the next ``plan`` reads it, else in ``prepare_next``, off the path
+        between this step's read and the next launch."""
+        verified = self._verified(scheduled)
+        if self._needs_outcomes_now():
+            if verified:
+                self.controller.acceptance.record_step(verified)
+        else:
+            self._unrecorded.extend(verified)
+
+    def prepare_next(self, queued: Optional[list], waiting: int = 0) -> None:
+        """Runs once the next step is queued on the device (``queued``: its scheduled requests,
+        None if none is): records the outcomes ``committed`` left, then, while drafting,
+        decides the k of the step after the queued one from the queued step's rows."""
+        if self._unrecorded:
+            self.controller.acceptance.record_step(self._unrecorded)
+            self._unrecorded = []
+        if queued and self._decides_ahead():
+            rows = self._rows(queued)
+            if rows:
+                ctl = self.controller
+                ctl.waiting = waiting
+                self._ahead = (ctl, ctl.decide(rows))
 
     def _mark(self, scheduled: list, hold: bool) -> None:
         """One pass over the step: a held step's sampling requests get k = 0 (``hold``), and
@@ -1333,9 +1436,15 @@ class SpecControl:
                 s.k_next = 0
 
     def record(self, scheduled: list) -> None:
-        """Feed the acceptance model this step's verifications (``k`` drafts, ``num_accepted``),
-        each in the generation phase its request was in when the step before decided to
-        propose them (``plan``)."""
+        """Feed the acceptance model this step's verifications now (``committed`` may defer
+        them)."""
+        verified = self._verified(scheduled)
+        if verified:
+            self.controller.acceptance.record_step(verified)
+
+    def _verified(self, scheduled: list) -> list[tuple[str, int, int, int, int]]:
+        """This step's verifications (``k`` drafts, ``num_accepted``), each in the generation
+        phase its request was in when the step before decided to propose them (``plan``)."""
         verified = []
         for s in scheduled:
             if s.samples and s.k:
@@ -1347,8 +1456,7 @@ class SpecControl:
                     phase = self.controller.acceptance.phase(
                         max(0, req.num_output_tokens - s.num_accepted - 1))
                 verified.append((req.request_id, self._fixed_part(req)[0], s.k, s.num_accepted, phase))
-        if verified:
-            self.controller.acceptance.record_step(verified)
+        return verified
 
     def forget(self, request_id: str) -> None:
         self.controller.acceptance.forget(request_id)
@@ -1384,4 +1492,4 @@ class SpecControl:
         stats.spec_measured_speedup = ctl.measured_speedup
         self._steps += 1
         if self._steps % self.SNAPSHOT_EVERY == 0:
-            self.snapshot = ctl.snapshot()
+            self.snapshot = self._snapshot()

@@ -9,7 +9,9 @@
   controller pins seeded sampled requests to k = 0: their output is the plain output for their
   seed, in any batch and under preemption. With k forced as a function of the request alone
   their output depends on nothing else (batch, preemption);
-* k = 0 for every request is plain decoding through the same path.
+* k = 0 for every request is plain decoding through the same path;
+* a k decided one step ahead (while drafting, the controller decides step N + 2's k while the
+  GPU runs N + 1) changes no token, and every verification reaches the acceptance model once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from specserve.engine import SamplingParams
 from tests.engine.test_spec_engine import _ids, _prompts, _run_with_preemption_at_every_step
-from tests.helpers.adaptive_k import force_k, force_random_k
+from tests.helpers.adaptive_k import force_k, force_random_k, script_k
 from tests.helpers.checkpoints import make_perturbed_copy, make_tiny_checkpoint
 
 K = 4
@@ -259,3 +261,32 @@ def test_the_controller_sees_the_queue_that_waits_for_a_row(pair, make_llm):
     llm.generate(_prompts(8, seed=4), GREEDY)
     # the first four decode together for 24 tokens (decode-ahead continues them) while four wait
     assert seen[:16] == [4] * 16 and seen[-1] == 0 and set(seen) <= {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_k_decided_one_step_ahead_keeps_greedy_exact_and_records_every_outcome_once(
+        pair, make_llm, async_scheduling):
+    """With async scheduling the controller decides while drafting one step ahead, off the path
+    between a step's read and the next launch; without it (no step is queued) it decides when
+    the step is planned. Either way greedy output is the target's, each verification is fed to
+    the acceptance model exactly once, and nothing is kept for a finished request."""
+    prompts = _prompts(10, seed=31)
+    plain = _ids(make_llm(pair[0]).generate(prompts, GREEDY))
+    llm = _spec(make_llm, pair, async_scheduling=async_scheduling)
+    sc = llm.core.spec_control
+    script_k(llm.core, lambda n: (3, 1, 4, 2, 0, 4)[n % 6])
+    fed = []
+    record_step = sc.controller.acceptance.record_step
+    sc.controller.acceptance.record_step = lambda verified: fed.extend(verified) or record_step(verified)
+    outs = llm.generate(prompts, GREEDY)
+    assert _ids(outs) == plain
+    spec = [c.spec_decode for o in outs for c in o.outputs]
+    drafted = [v for v in fed if v[2] > 0]
+    assert sum(s.num_drafts for s in spec) == len(drafted) > 0
+    assert sum(s.num_draft_tokens for s in spec) == sum(v[2] for v in drafted)
+    assert sum(s.num_accepted_tokens for s in spec) == sum(v[3] for v in drafted)
+    assert not sc._unrecorded and not sc.controller.acceptance.per_request
+    if async_scheduling:
+        assert sc.decided_ahead > 0, "drafting steps were not decided ahead"
+    else:
+        assert sc.decided_ahead == 0
