@@ -47,7 +47,7 @@ def main() -> None:
                 spent[name] += time.perf_counter() - t
         setattr(obj, name, run)
 
-    for name in ("plan", "record", "after_step"):
+    for name in ("plan", "committed", "prepare_next", "after_step"):
         timed(sc, name)
     for name in ("decide", "observe_step"):
         timed(ctl, name)
@@ -58,11 +58,11 @@ def main() -> None:
     spent.clear()
     for _ in range(a.steps):
         core.step()
-    total = sum(spent[n] for n in ("plan", "record", "after_step"))
+    total = sum(spent[n] for n in ("plan", "committed", "prepare_next", "after_step"))
     mean_k = ad.mean_k(ctl.chosen_counts) or 0.0
     print(f"batch {a.batch}, k {a.k} (mean chosen {mean_k:.2f}), T = {a.temperature:g}: " + ", ".join(f"{n} {v / a.steps * 1e6:.1f}" for n, v in spent.items())
-          + f" us a step; plan + record + after_step {total / a.steps * 1e6:.1f} us "
-          "(decide inside plan, observe_step inside after_step)")
+          + f" us a step; plan + committed + prepare_next + after_step {total / a.steps * 1e6:.1f} us "
+          "(decide inside plan or prepare_next, observe_step inside after_step)")
 
 
 if __name__ == "__main__":
