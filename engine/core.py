@@ -194,6 +194,8 @@ class EngineCore:
         are gone or failed)."""
         if self.decode_ahead is not None:
             self.decode_ahead.drop()
+        if self.spec_control is not None:
+            self.spec_control.reset()
         self._queued = self._launch_error = None
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -270,7 +272,12 @@ class EngineCore:
             # model and, while drafting, the k of the step after it (SpecControl's docstring);
             # before the outputs, whose finished requests the controller then forgets
             queued = self._queued[0].scheduled if self._queued is not None else None
-            self.spec_control.prepare_next(queued, waiting=len(self.scheduler.waiting))
+            try:
+                self.spec_control.prepare_next(queued, waiting=len(self.scheduler.waiting))
+            except Exception as e:   # noqa: BLE001 (like a failed launch: raised by the next call)
+                self.spec_control.reset()
+                if self._launch_error is None:
+                    self._launch_error = e
         for detok, tokens in texts:
             for tok in tokens:
                 detok.add(tok, check_stop=False)

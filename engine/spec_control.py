@@ -1318,7 +1318,7 @@ class SpecControl:
         ctl.acceptance.tick()
         ctl.waiting = waiting
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is ctl:
+        if ahead is not None and ahead[0] is ctl and self._decides_ahead(drafting=False):
             self._apply(scheduled, ahead[1], unread)
             return
         decode_only = unread > 0   # decode-ahead's continuation: every row samples, k_next = 0
@@ -1367,9 +1367,10 @@ class SpecControl:
 
     def _apply(self, scheduled: list, decision: Decision, unread: int) -> None:
         """``plan`` from a decision made one step ahead: each sampling row takes the batch's k
-        (seeded rows their pin), capped by its own budget."""
+        (seeded rows their pin), capped by its own budget; the controller's ``chosen_counts``
+        count these rows (``prepare_next`` took back the forecast rows' counts)."""
         ctl, k_max, max_len = self.controller, self.controller.k_max, self.max_model_len
-        k = decision.k
+        k, counts = decision.k, ctl.chosen_counts
         for s in scheduled:
             if not s.samples:
                 continue
@@ -1379,15 +1380,19 @@ class SpecControl:
             before = self._phases.get(req.request_id)
             self._phases[req.request_id] = (phase, phase if before is None else before[0])
             s.k_next = min(k if pinned is None else pinned, req.spec_budget(k_max, max_len, 1 + unread))
+            counts[s.k_next] += 1
         self.applied = decision
         self.decided_ahead += 1
         self._mark(scheduled, hold=False)
 
-    def _decides_ahead(self) -> bool:
+    def _decides_ahead(self, drafting: bool = True) -> bool:
         """Whether the next step's k can be chosen before this step's tokens are read: an
-        adaptive controller that drafts, with a cost model and no per-row ``force``."""
+        adaptive controller with a cost model and no per-row ``force``, that drafts
+        (``drafting``: checked when deciding; a decision made ahead is applied whatever k it
+        chose)."""
         ctl = self.controller
-        return ctl.adaptive and ctl.force is None and ctl.cost is not None and ctl.current > 0
+        return (ctl.adaptive and ctl.force is None and ctl.cost is not None
+                and (ctl.current > 0 or not drafting))
 
     def _needs_outcomes_now(self) -> bool:
         """Whether the next ``plan`` reads the acceptance model: a full adaptive evaluation. A
@@ -1410,16 +1415,28 @@ class SpecControl:
     def prepare_next(self, queued: Optional[list], waiting: int = 0) -> None:
         """Runs once the next step is queued on the device (``queued``: its scheduled requests,
         None if none is): records the outcomes ``committed`` left, then, while drafting,
-        decides the k of the step after the queued one from the queued step's rows."""
+        decides the k of the step after the queued one from the queued step's rows. A decision
+        made by the call before and not applied since is dropped: it was for a step that was
+        not planned (the batch drained, every request was aborted)."""
+        self._ahead = None
         if self._unrecorded:
-            self.controller.acceptance.record_step(self._unrecorded)
-            self._unrecorded = []
+            unrecorded, self._unrecorded = self._unrecorded, []
+            self.controller.acceptance.record_step(unrecorded)
         if queued and self._decides_ahead():
             rows = self._rows(queued)
             if rows:
                 ctl = self.controller
                 ctl.waiting = waiting
-                self._ahead = (ctl, ctl.decide(rows))
+                decision = ctl.decide(rows)
+                for k in decision.ks:   # counted when applied, to the rows that take it
+                    ctl.chosen_counts[k] -= 1
+                self._ahead = (ctl, decision)
+
+    def reset(self) -> None:
+        """The engine dropped its queued step (every request aborted or failed): no decision
+        made ahead, no outcome left to record (their requests are forgotten)."""
+        self._ahead = None
+        self._unrecorded = []
 
     def _mark(self, scheduled: list, hold: bool) -> None:
         """One pass over the step: a held step's sampling requests get k = 0 (``hold``), and
