@@ -1327,30 +1327,20 @@ class SpecControl:
             if not decode_only:   # (the continuation's rows are already what a hold sets)
                 self._mark(scheduled, hold=True)
             return
-        k_max, max_len = ctl.k_max, self.max_model_len
-        sampling, rows = [], []
-        for s in scheduled:
-            if not s.samples:
-                continue
-            req = s.request
-            f = self._fixed_part(req)
-            n = len(req.token_ids) + unread
-            left = req.max_tokens - (n - req.prompt_len)    # tokens it may still generate
-            sampling.append(s)   # budget: drafts that fit once this step's token is committed
-            phase = ctl.acceptance.phase(n - req.prompt_len)
-            before = self._phases.get(req.request_id)
-            self._phases[req.request_id] = (phase, phase if before is None else before[0])
-            rows.append(Row(req.request_id, f[0], req.spec_budget(k_max, max_len, 1 + unread), f[1],
-                            max(0, n - 1 - req.num_draft_computed), left if left > 0 else 0, phase))
+        sampling = [s for s in scheduled if s.samples]
         if sampling:
+            rows = self._rows(sampling, unread)
+            for r in rows:
+                self._note_phase(r.request_id, r.phase)
             decision = self.applied = ctl.decide(rows)
             for s, k in zip(sampling, decision.ks):
                 s.k_next = k
         self._mark(scheduled, hold=False)
 
     def _rows(self, scheduled: list, unread: int = 0) -> list[Row]:
-        """The controller's view of a step's sampling requests (``plan``'s, without its
-        bookkeeping of generation phases)."""
+        """The controller's view of a step's sampling requests: budget (drafts that fit once
+        this step's token is committed), pin, the draft's lag, tokens it may still generate
+        and generation phase."""
         ctl, k_max, max_len = self.controller, self.controller.k_max, self.max_model_len
         rows = []
         for s in scheduled:
@@ -1365,6 +1355,12 @@ class SpecControl:
                             ctl.acceptance.phase(n - req.prompt_len)))
         return rows
 
+    def _note_phase(self, request_id: str, phase: int) -> None:
+        """The generation phase a request is planned in this step; the one before is kept for
+        ``record`` (this step verifies the drafts planned then)."""
+        before = self._phases.get(request_id)
+        self._phases[request_id] = (phase, phase if before is None else before[0])
+
     def _apply(self, scheduled: list, decision: Decision, unread: int) -> None:
         """``plan`` from a decision made one step ahead: each sampling row takes the batch's k
         (seeded rows their pin), capped by its own budget; the controller's ``chosen_counts``
@@ -1377,8 +1373,7 @@ class SpecControl:
             req = s.request
             pinned = self._fixed_part(req)[1]
             phase = ctl.acceptance.phase(len(req.token_ids) + unread - req.prompt_len)
-            before = self._phases.get(req.request_id)
-            self._phases[req.request_id] = (phase, phase if before is None else before[0])
+            self._note_phase(req.request_id, phase)
             s.k_next = min(k if pinned is None else pinned, req.spec_budget(k_max, max_len, 1 + unread))
             counts[s.k_next] += 1
         self.applied = decision
