@@ -326,7 +326,10 @@ def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_adaptive_grid_rows_and_goals(adaptive_run):
-    assert adaptive_run["seconds"] < 90, "the --quick adaptive section should take well under a minute"
+    # a guard against the quick section ballooning, not a speed goal (those live in the bench):
+    # it took 60-99 s on the 2-core CPU machine (94-99 s at both 3d23037 and 2aaeb89 on
+    # 2026-11-29, where a bound of 90 s failed CI)
+    assert adaptive_run["seconds"] < 240, "the --quick adaptive section should take a minute or two"
     s = _section(adaptive_run, "adaptive")
     cells = [r for r in s["rows"] if "ramp" not in r["pair"]]
     assert len(cells) == 3 * 2 * 2                          # pairs x temperatures x batch sizes
