@@ -1318,7 +1318,7 @@ class SpecControl:
         ctl.acceptance.tick()
         ctl.waiting = waiting
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is ctl and self._decides_ahead(drafting=False):
+        if ahead is not None and ahead[0] is ctl and self._evaluates():
             self._apply(scheduled, ahead[1], unread)
             return
         decode_only = unread > 0   # decode-ahead's continuation: every row samples, k_next = 0
@@ -1380,21 +1380,17 @@ class SpecControl:
         self.decided_ahead += 1
         self._mark(scheduled, hold=False)
 
-    def _decides_ahead(self, drafting: bool = True) -> bool:
-        """Whether the next step's k can be chosen before this step's tokens are read: an
-        adaptive controller with a cost model and no per-row ``force``, that drafts
-        (``drafting``: checked when deciding; a decision made ahead is applied whatever k it
-        chose)."""
+    def _evaluates(self) -> bool:
+        """Whether the controller decides by evaluating the batch (an adaptive controller with
+        a cost model and no per-row ``force``): only such a decision reads the acceptance
+        model, and only it can be made one step ahead (fixed k and ``force`` follow each row)."""
         ctl = self.controller
-        return (ctl.adaptive and ctl.force is None and ctl.cost is not None
-                and (ctl.current > 0 or not drafting))
+        return ctl.adaptive and ctl.force is None and ctl.cost is not None
 
     def _needs_outcomes_now(self) -> bool:
-        """Whether the next ``plan`` reads the acceptance model: a full adaptive evaluation. A
-        decision made ahead was made with them already; fixed k and ``force`` never read it."""
-        ctl = self.controller
-        return (self._ahead is None and ctl.adaptive and ctl.force is None
-                and ctl.cost is not None)
+        """Whether the next ``plan`` reads the acceptance model: a full evaluation, not a
+        decision made ahead (that one was made with them already)."""
+        return self._ahead is None and self._evaluates()
 
     def committed(self, scheduled: list) -> None:
         """The scheduler has committed this step: its verifications go to the acceptance
@@ -1417,10 +1413,10 @@ class SpecControl:
         if self._unrecorded:
             unrecorded, self._unrecorded = self._unrecorded, []
             self.controller.acceptance.record_step(unrecorded)
-        if queued and self._decides_ahead():
+        ctl = self.controller
+        if queued and ctl.current > 0 and self._evaluates():   # drafting: decide ahead
             rows = self._rows(queued)
             if rows:
-                ctl = self.controller
                 ctl.waiting = waiting
                 decision = ctl.decide(rows)
                 for k in decision.ks:   # counted when applied, to the rows that take it
