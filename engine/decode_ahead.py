@@ -121,6 +121,14 @@ class DecodeAhead:
         sched = self.scheduler
         if sched.admission_due:
             return None   # the scheduler plans the next step
+        spec = self.spec_control
+        # with a draft model only adaptive k at k = 0 continues: no drafts pending, no draft KV
+        # ahead (checked per row below); the plan may still pick k > 0 for the next step
+        # (``launch_next``)
+        if spec is not None and not spec.at_zero:
+            return None
+        drafts_possible = spec is not None
+        max_len = self.max_model_len
         out = []
         for s in so.scheduled:   # all running: fresh from the scheduler or from ``take``
             req = s.request
@@ -128,22 +136,17 @@ class DecodeAhead:
             # step is collected, which would wait for the step queued behind it anyway
             if req.grammar is not None or needs_processing(req) or req.params.logprobs is not None:
                 return None
-            if req.tokens_left(self.max_model_len) <= 1:
+            if req.tokens_left(max_len) <= 1:
                 continue   # this step's token is its last (finishes on length): no row for it
+            if drafts_possible and (req.num_draft_kv_ahead or req.draft_token_ids):
+                return None
             pos = s.num_computed_before + s.num_new_tokens   # the token this step samples
             out.append(ScheduledRequest(req, num_new_tokens=1, num_computed_before=pos, samples=True,
                                         k=0, k_next=0))
         if not out:
             return None
-        spec = self.spec_control
-        room = 1   # KV slots past each request's position: its token, plus drafts it may propose
-        if spec is not None:
-            # with a draft model only adaptive k at k = 0 continues: no drafts pending, no draft
-            # KV ahead; the plan may still pick k > 0 for the next step (``launch_next``)
-            if not spec.at_zero or any(s.request.num_draft_kv_ahead or s.request.draft_token_ids
-                                       for s in out):
-                return None
-            room += spec.k_max
+        # KV slots past each request's position: its token, plus drafts it may propose
+        room = 1 + (spec.k_max if spec is not None else 0)
         kv = sched.kv
         if not kv.fits((s.request, s.num_computed_before + room) for s in out):
             return None   # the scheduler decides who is preempted

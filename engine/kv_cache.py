@@ -160,7 +160,11 @@ class KVCacheManager:
 
     def fits(self, growth: Iterable[tuple[Request, int]]) -> bool:
         """Whether every ``(request, num_slots)`` table can grow to its slots at once."""
-        need = sum(max(0, self.blocks_for(n) - len(req.block_ids)) for req, n in growth)
+        bs, need = self.block_size, 0   # every step at every row: no call per row
+        for req, n in growth:
+            more = (n + bs - 1) // bs - len(req.block_ids)
+            if more > 0:
+                need += more
         return need <= self.pool.num_free
 
     def allocate(self, req: Request, num_slots: int) -> bool:

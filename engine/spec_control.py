@@ -605,8 +605,12 @@ class _RecentMedian:
 
     def add(self, x: float) -> None:
         self.count += 1
-        self.recent.append(x)
-        self.value = statistics.median(self.recent)
+        recent = self.recent
+        recent.append(x)
+        # statistics.median, without its type checks (this runs a few times every step)
+        ordered, n = sorted(recent), len(recent)
+        mid = n // 2
+        self.value = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 class CostModel:
@@ -1454,16 +1458,14 @@ class SpecControl:
         """This step's verifications (``k`` drafts, ``num_accepted``), each in the generation
         phase its request was in when the step before decided to propose them (``plan``)."""
         verified = []
-        for s in scheduled:
-            if s.samples and s.k:
-                req = s.request
-                phases = self._phases.get(req.request_id)
-                if phases is not None:
-                    phase = phases[1]
-                else:   # (not planned here: a test's step) from the tokens before the step
-                    phase = self.controller.acceptance.phase(
-                        max(0, req.num_output_tokens - s.num_accepted - 1))
-                verified.append((req.request_id, self._fixed_part(req)[0], s.k, s.num_accepted, phase))
+        for s in [s for s in scheduled if s.k and s.samples]:   # at k = 0 none: no loop body runs
+            req = s.request
+            phases = self._phases.get(req.request_id)
+            if phases is not None:
+                phase = phases[1]
+            else:   # (not planned here: a test's step) from the tokens before the step
+                phase = self.controller.acceptance.phase(max(0, req.num_output_tokens - s.num_accepted - 1))
+            verified.append((req.request_id, self._fixed_part(req)[0], s.k, s.num_accepted, phase))
         return verified
 
     def forget(self, request_id: str) -> None:
@@ -1477,18 +1479,19 @@ class SpecControl:
         step's, planned before this step's stats were complete)."""
         ctl = self.controller
         decision = decision if decision is not None else ctl.last
-        counts = [0] * (ctl.k_max + 1)   # one pass: this runs every step over every row
-        k_verify = k_draft = sampling = 0
-        for s in scheduled:
-            if s.samples:
-                k = s.k_next
-                counts[k] += 1
-                sampling += 1
-                if k > k_draft:
-                    k_draft = k
-                if s.k > k_verify:
-                    k_verify = s.k
-        stats.spec_chosen_k = counts if sampling else []
+        # this runs every step over every row: comprehensions and C-level counts, no Python
+        # loop with branches (at batch 256 the loop cost ~0.1 ms a step on the CPU machine)
+        rows = [s for s in scheduled if s.samples]
+        sampling = len(rows)
+        if sampling:
+            k_next = [s.k_next for s in rows]
+            k_draft = max(k_next)
+            k_verify = max([s.k for s in rows])
+            counts = [sampling] + [0] * ctl.k_max if k_draft == 0 else [k_next.count(k) for k in range(ctl.k_max + 1)]
+        else:
+            k_draft = k_verify = 0
+            counts = []
+        stats.spec_chosen_k = counts
         if sampling and sampling == len(scheduled) and stats.num_prompt_tokens == 0:
             host = None   # a step read after the next was queued: its host work, hidden
             if stats.host_wait_seconds is not None:

@@ -151,7 +151,7 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
-@dataclass
+@dataclass(slots=True)
 class SpecDecodeStats:
     """Speculative-decoding counters; used per request, per step and as running totals.
 
@@ -200,7 +200,7 @@ class SpecDecodeStats:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTimes:
     """Wall-clock timestamps (time.monotonic()) of one request's life, for latency metrics."""
 
@@ -269,7 +269,7 @@ class GrowingView(Sequence):
         return f"GrowingView({self[:]!r})"
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     """One of the ``n`` completions of a request. Text and token ids are cumulative; the engine
     hands out its token ids and logprobs as :class:`GrowingView` snapshots, not copies."""
@@ -289,7 +289,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """What the engine reports for a request after a step (cumulative, not a delta)."""
 

@@ -52,11 +52,12 @@ def start_verification(sampling: list[ScheduledRequest], logits: torch.Tensor, m
     ``output_offset``: tokens each request has sampled that its token list does not hold yet
     (a step launched before the previous one was read); its rows are sampled that many output
     positions further on. History-dependent logits processing needs the whole list (offset 0)."""
-    if output_offset and any(needs_processing(s.request) for s in sampling):
-        raise ValueError("logits processors need every sampled token on the host")
     reqs = [s.request for s in sampling]
+    processing = any(needs_processing(r) for r in reqs)   # (once: this runs every step, every row)
+    if output_offset and processing:
+        raise ValueError("logits processors need every sampled token on the host")
     raw = _raw_rows_for_logprobs(sampling, logits)
-    if any(needs_processing(r) for r in reqs):   # each row's history costs O(k x output length)
+    if processing:   # each row's history costs O(k x output length)
         rows: list[RowContext] = []
         for s in sampling:
             out = s.request.output_token_ids
