@@ -707,20 +707,32 @@ class CostModel:
             return max(device, host)
         return device + host
 
+    # An unmeasured bucket's drafting host residual, from a smaller measured one, grows with
+    # the rows from this batch up (it is per-row Python there: on an H100 1.2 -> 5.5 ms from
+    # batch 16 to 64; on an H200 0.94 -> 4.0 ms from 64 to 256); below it, where fixed costs
+    # dominate (0.3 / 0.4 ms at batch 1 / 4), it is carried over as is.
+    HOST_PER_ROW_FROM = 16
+
     def _drafting_host(self, b: int) -> float:
         """The drafting steps' host residual at batch bucket ``b``: learnt there, else the
-        largest smaller bucket's (a drafting step's host work grows with the rows: on an H100
-        0.3 / 0.4 / 1.2 / 5.5 ms at batch 1 / 4 / 16 / 64; read as 0 where not yet measured,
-        k = 2 at batch 16 looked 1.04x plain and ran at 0.8x). With none, a plain step's
+        largest smaller bucket's, scaled by the rows when that bucket is HOST_PER_ROW_FROM or
+        more (a drafting step's host work grows with the rows: on an H100 0.3 / 0.4 / 1.2 /
+        5.5 ms at batch 1 / 4 / 16 / 64; read as 0 where not yet measured, k = 2 at batch 16
+        looked 1.04x plain and ran at 0.8x; carried over unscaled from batch 64 to 256 on an
+        H200, T = 0, k = 1 was predicted at 6.3 ms, a probe left k = 0 and its steps ran 10.8-11
+        ms, with a 16 ms catch-up: the cell read 0.90x plain). With none, a plain step's
         residual where plain steps wait for the host; where they run ahead, what they teach is
         host work they hide, not a residual (at batch 1, 1.1 ms, where drafting steps exposed
         0.4 ms: the controller stayed at k = 0 where k = 3 ran 1.13x), so 0: the first
         drafting steps measure it."""
         over = self.drafting_overhead.get(b)
-        if over is None:
-            smaller = [m for m in self.drafting_overhead if m < b]
-            over = self.drafting_overhead[max(smaller)] if smaller else None
-        if over is None and not self.zero_runs_ahead:
+        if over is not None:
+            return over.value
+        smaller = [m for m in self.drafting_overhead if m < b]
+        if smaller:
+            m = max(smaller)
+            return self.drafting_overhead[m].value * (b / m if m >= self.HOST_PER_ROW_FROM else 1.0)
+        if not self.zero_runs_ahead:
             over = self.overhead.get(b)
         return over.value if over else 0.0
 

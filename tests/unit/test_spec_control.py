@@ -663,6 +663,52 @@ def test_plain_steps_measured_at_other_batches_correct_an_unmeasured_ones_calibr
     assert _decide(ctl, 16) == 0, ctl.last.goodput
 
 
+# H200, 2026-11-29 (docs/bench-h200/decide-ahead/call5_decisions_t0_b256.log): the adaptive
+# engine's start-up calibration, 1.7B-like target and truncated draft
+_H200_CAL = Calibration(
+    [1, 2, 4, 8, 16, 32, 64, 128, 256], list(range(1, 10)),
+    [[1.747e-3, 1.847e-3, 2.003e-3, 2.012e-3, 1.896e-3, 1.910e-3, 1.926e-3, 1.909e-3, 2.063e-3],
+     [1.775e-3, 2.001e-3, 1.931e-3, 1.905e-3, 1.993e-3, 1.994e-3, 2.006e-3, 2.019e-3, 2.053e-3],
+     [1.964e-3, 1.900e-3, 1.999e-3, 2.030e-3, 2.032e-3, 2.042e-3, 2.119e-3, 2.017e-3, 2.047e-3],
+     [1.928e-3, 2.057e-3, 2.014e-3, 1.908e-3, 1.962e-3, 1.956e-3, 1.940e-3, 1.985e-3, 2.038e-3],
+     [1.952e-3, 1.922e-3, 2.015e-3, 1.977e-3, 1.985e-3, 2.055e-3, 2.112e-3, 2.137e-3, 2.274e-3],
+     [1.970e-3, 2.023e-3, 2.113e-3, 2.173e-3, 2.313e-3, 2.452e-3, 2.631e-3, 2.533e-3, 2.800e-3],
+     [2.108e-3, 2.474e-3, 2.452e-3, 2.713e-3, 3.221e-3, 3.454e-3, 3.936e-3, 4.104e-3, 5.068e-3],
+     [2.769e-3, 3.011e-3, 3.710e-3, 4.334e-3, 5.054e-3, 5.801e-3, 6.832e-3, 7.317e-3, 8.433e-3],
+     [3.716e-3, 4.941e-3, 6.476e-3, 7.917e-3, 9.518e-3, 10.920e-3, 13.038e-3, 14.183e-3, 16.533e-3]],
+    [0.436e-3, 0.437e-3, 0.468e-3, 0.475e-3, 0.514e-3, 0.520e-3, 0.610e-3, 0.775e-3, 1.123e-3],
+    padded=True, catchup_token=1.414e-6, catchup_fixed=2.293e-3, catchup_graph_tokens=1024,
+    catchup_graph_token=1.344e-6, catchup_graph_fixed=0.467e-3)
+
+
+def test_a_larger_batchs_drafting_host_work_is_predicted_to_grow_with_its_rows(monkeypatch):
+    """The H200 trace at batch 256, T = 0: plain steps ran at 4.65 ms, drafting steps had been
+    measured only at batch 64 (0.94 ms of host work beyond the device), acceptance at position 1
+    read 0.66. With batch 64's residual carried over as is, k = 1 was predicted at 6.3 ms and
+    1.17x plain; the controller left k = 0 and its steps ran 10.8-11 ms (a 4 ms residual) after
+    a 16 ms catch-up. Scaled by the rows (x4) the residual is 3.8 ms and k = 0 holds."""
+    def trace_controller() -> KController:
+        ctl = KController(8, "adaptive", CostModel(_H200_CAL, zero_runs_ahead=True))
+        for _ in range(9):
+            ctl.observe_step(256, 0, 0, 256, 4.65e-3, hidden_host=4.6e-3)
+            device = ctl.cost.device_seconds(64, 1, 1)
+            ctl.observe_step(64, 1, 1, 100, device + 0.94e-3)
+        rng = random.Random(0)
+        for i in range(872):
+            ctl.acceptance.record(f"r{i % 256}", 0, 1, int(rng.random() < 0.66))
+        return ctl
+
+    ctl = trace_controller()
+    assert ctl.cost.step_seconds(256, 1) == pytest.approx(
+        ctl.cost.device_seconds(256, 1, 1) + 4 * 0.94e-3, rel=1e-3)
+    assert ctl.cost.step_seconds(64, 1) == pytest.approx(ctl.cost.device_seconds(64, 1, 1) + 0.94e-3)
+    rows = [Row(f"r{i}", 0, 8, lag=29, remaining=99) for i in range(256)]
+    assert ctl.decide(rows).k == 0, ctl.last.goodput
+    # carried over unscaled (the rule before), the same evidence leaves k = 0
+    monkeypatch.setattr(CostModel, "HOST_PER_ROW_FROM", 10 ** 9)
+    assert trace_controller().decide(rows).k > 0
+
+
 def test_batch_one_drafting_is_not_priced_with_a_larger_batchs_or_a_plain_steps_host_work():
     """The bench's first cell after its warm-up (a few steps at batch 4): the trace's
     controller held batch 1 at k = 0 for a whole cell where k = 3 ran 1.13x, its drafting steps
