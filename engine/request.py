@@ -21,6 +21,9 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+_FINISHED = RequestStatus.FINISHED
+
+
 class Request:
     """One sequence: prompt, outputs, pending drafts, and where its KV lives."""
 
@@ -83,7 +86,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status is _FINISHED   # (read several times a row every step: no enum lookup)
 
     def tokens_left(self, max_model_len: int) -> int:
         """Tokens it may still commit before max_tokens and the context end; at 0 it finishes

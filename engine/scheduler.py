@@ -178,10 +178,12 @@ class Scheduler:
             return
         assert res is not None and res.sampled, f"{req.request_id}: no sampled token"
         s.num_accepted = len(res.sampled) - 1
-        req.num_computed_tokens -= s.k - s.num_accepted   # roll back rejected drafts' KV
-        req.spec_stats.record(s.k, s.num_accepted)
-        stats.spec_decode.record(s.k, s.num_accepted)
-        req.clear_drafts()
+        if s.k:   # a row with no drafts sampled exactly one token: nothing to roll back or count
+            req.num_computed_tokens -= s.k - s.num_accepted   # roll back rejected drafts' KV
+            req.spec_stats.record(s.k, s.num_accepted)
+            stats.spec_decode.record(s.k, s.num_accepted)
+        if req.draft_token_ids or req.draft_probs is not None:
+            req.clear_drafts()
         append_tokens(req, res)   # a finish there commits the blocks before freeing them
         if req.is_finished:
             return

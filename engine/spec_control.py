@@ -707,31 +707,33 @@ class CostModel:
             return max(device, host)
         return device + host
 
-    # An unmeasured bucket's drafting host residual, from a smaller measured one, grows with
-    # the rows from this batch up (it is per-row Python there: on an H100 1.2 -> 5.5 ms from
-    # batch 16 to 64; on an H200 0.94 -> 4.0 ms from 64 to 256); below it, where fixed costs
-    # dominate (0.3 / 0.4 ms at batch 1 / 4), it is carried over as is.
-    HOST_PER_ROW_FROM = 16
+    # The smallest measured bucket whose drafting host residual is scaled by the rows when a
+    # larger bucket borrows it (``_drafting_host``). From there up that residual is per-row
+    # Python; below it fixed costs dominate and it is carried over as is.
+    HOST_SCALES_FROM_MEASURED_BUCKET = 16
 
     def _drafting_host(self, b: int) -> float:
-        """The drafting steps' host residual at batch bucket ``b``: learnt there, else the
-        largest smaller bucket's, scaled by the rows when that bucket is HOST_PER_ROW_FROM or
-        more (a drafting step's host work grows with the rows: on an H100 0.3 / 0.4 / 1.2 /
-        5.5 ms at batch 1 / 4 / 16 / 64; read as 0 where not yet measured, k = 2 at batch 16
-        looked 1.04x plain and ran at 0.8x; carried over unscaled from batch 64 to 256 on an
-        H200, T = 0, k = 1 was predicted at 6.3 ms, a probe left k = 0 and its steps ran 10.8-11
-        ms, with a 16 ms catch-up: the cell read 0.90x plain). With none, a plain step's
-        residual where plain steps wait for the host; where they run ahead, what they teach is
-        host work they hide, not a residual (at batch 1, 1.1 ms, where drafting steps exposed
-        0.4 ms: the controller stayed at k = 0 where k = 3 ran 1.13x), so 0: the first
-        drafting steps measure it."""
+        """The drafting steps' host residual at batch bucket ``b``: learnt there; else the
+        largest smaller bucket m's, times b / m when m >= HOST_SCALES_FROM_MEASURED_BUCKET;
+        else, where plain steps wait for the host, their residual; else 0 (the first drafting
+        steps measure it).
+
+        Measured: a drafting step's host residual was 0.3 / 0.4 / 1.2 / 5.5 ms at batch 1 / 4
+        / 16 / 64 on an H100, and 0.94 / 4.0 ms at batch 64 / 256 on an H200. Read as 0 at an
+        unmeasured batch 16, k = 2 looked 1.04x plain and ran at 0.8x. Carried over unscaled
+        from batch 64 to 256 (H200, greedy), k = 1 was predicted at 6.3 ms; a probe left k = 0
+        and its steps ran 10.8-11 ms after a 16 ms catch-up, and the cell read 0.90x plain.
+        A plain step's residual is no floor where plain steps run ahead of the host: what they
+        teach is host work they hide (1.1 ms at batch 1, where drafting steps exposed 0.4 ms,
+        and the controller stayed at k = 0 where k = 3 ran 1.13x)."""
         over = self.drafting_overhead.get(b)
         if over is not None:
             return over.value
         smaller = [m for m in self.drafting_overhead if m < b]
         if smaller:
             m = max(smaller)
-            return self.drafting_overhead[m].value * (b / m if m >= self.HOST_PER_ROW_FROM else 1.0)
+            scale = b / m if m >= self.HOST_SCALES_FROM_MEASURED_BUCKET else 1.0
+            return self.drafting_overhead[m].value * scale
         if not self.zero_runs_ahead:
             over = self.overhead.get(b)
         return over.value if over else 0.0
@@ -1491,19 +1493,18 @@ class SpecControl:
         step's, planned before this step's stats were complete)."""
         ctl = self.controller
         decision = decision if decision is not None else ctl.last
-        # this runs every step over every row: comprehensions and C-level counts, no Python
-        # loop with branches (at batch 256 the loop cost ~0.1 ms a step on the CPU machine)
-        rows = [s for s in scheduled if s.samples]
-        sampling = len(rows)
-        if sampling:
-            k_next = [s.k_next for s in rows]
-            k_draft = max(k_next)
-            k_verify = max([s.k for s in rows])
-            counts = [sampling] + [0] * ctl.k_max if k_draft == 0 else [k_next.count(k) for k in range(ctl.k_max + 1)]
-        else:
-            k_draft = k_verify = 0
-            counts = []
-        stats.spec_chosen_k = counts
+        counts = [0] * (ctl.k_max + 1)   # one pass: this runs every step over every row
+        k_verify = k_draft = sampling = 0
+        for s in scheduled:
+            if s.samples:
+                k = s.k_next
+                counts[k] += 1
+                sampling += 1
+                if k > k_draft:
+                    k_draft = k
+                if s.k > k_verify:
+                    k_verify = s.k
+        stats.spec_chosen_k = counts if sampling else []
         if sampling and sampling == len(scheduled) and stats.num_prompt_tokens == 0:
             host = None   # a step read after the next was queued: its host work, hidden
             if stats.host_wait_seconds is not None:

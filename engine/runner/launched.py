@@ -15,7 +15,7 @@ are committed, before their text and outputs are built (``EngineCore._queue_next
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 

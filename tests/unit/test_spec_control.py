@@ -684,9 +684,11 @@ _H200_CAL = Calibration(
 def test_a_larger_batchs_drafting_host_work_is_predicted_to_grow_with_its_rows(monkeypatch):
     """The H200 trace at batch 256, T = 0: plain steps ran at 4.65 ms, drafting steps had been
     measured only at batch 64 (0.94 ms of host work beyond the device), acceptance at position 1
-    read 0.66. With batch 64's residual carried over as is, k = 1 was predicted at 6.3 ms and
-    1.17x plain; the controller left k = 0 and its steps ran 10.8-11 ms (a 4 ms residual) after
-    a 16 ms catch-up. Scaled by the rows (x4) the residual is 3.8 ms and k = 0 holds."""
+    read 0.66. In the trace, with batch 64's residual carried over as is, k = 1 was predicted at
+    6.3 ms and 1.17x plain; the controller left k = 0 and its steps ran 10.8-11 ms (a 4 ms
+    residual) after a 16 ms catch-up. (This replay's evidence is a simplification: the old rule
+    predicts 7.0 ms here, and still leaves k = 0.) Scaled by the rows (x4) the residual is 3.8
+    ms and k = 0 holds."""
     def trace_controller() -> KController:
         ctl = KController(8, "adaptive", CostModel(_H200_CAL, zero_runs_ahead=True))
         for _ in range(9):
@@ -704,8 +706,8 @@ def test_a_larger_batchs_drafting_host_work_is_predicted_to_grow_with_its_rows(m
     assert ctl.cost.step_seconds(64, 1) == pytest.approx(ctl.cost.device_seconds(64, 1, 1) + 0.94e-3)
     rows = [Row(f"r{i}", 0, 8, lag=29, remaining=99) for i in range(256)]
     assert ctl.decide(rows).k == 0, ctl.last.goodput
-    # carried over unscaled (the rule before), the same evidence leaves k = 0
-    monkeypatch.setattr(CostModel, "HOST_PER_ROW_FROM", 10 ** 9)
+    # carried over unscaled (the rule before), the same evidence moves the batch off k = 0
+    monkeypatch.setattr(CostModel, "HOST_SCALES_FROM_MEASURED_BUCKET", 10 ** 9)
     assert trace_controller().decide(rows).k > 0
 
 
