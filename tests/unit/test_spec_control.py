@@ -711,6 +711,21 @@ def test_a_larger_batchs_drafting_host_work_is_predicted_to_grow_with_its_rows(m
     assert trace_controller().decide(rows).k > 0
 
 
+def test_a_borrowed_drafting_residual_gives_way_to_the_first_verifying_step_at_its_bucket():
+    """The rows-scaled residual is a prior, not a trap: the step that leaves k = 0 teaches no
+    residual (its catch-up is priced apart), and the next step, which verifies those drafts,
+    measures the bucket's own, whatever k it proposes."""
+    cost = CostModel(_H200_CAL, zero_runs_ahead=True)
+    for _ in range(9):
+        cost.observe(64, 1, 1, cost.device_seconds(64, 1, 1) + 0.94e-3)
+    assert cost.step_seconds(256, 1) == pytest.approx(cost.device_seconds(256, 1, 1) + 4 * 0.94e-3)
+    cost.observe(256, 0, 1, 30e-3)   # leaves k = 0: catch-up and drafts, no residual learnt
+    assert 256 not in cost.drafting_overhead
+    cost.observe(256, 1, 0, cost.device_seconds(256, 1, 0) + 1.5e-3)   # verifies, back at 0
+    assert cost.drafting_overhead[256].value == pytest.approx(1.5e-3)
+    assert cost.step_seconds(256, 1) == pytest.approx(cost.device_seconds(256, 1, 1) + 1.5e-3)
+
+
 def test_batch_one_drafting_is_not_priced_with_a_larger_batchs_or_a_plain_steps_host_work():
     """The bench's first cell after its warm-up (a few steps at batch 4): the trace's
     controller held batch 1 at k = 0 for a whole cell where k = 3 ran 1.13x, its drafting steps
