@@ -162,7 +162,7 @@ class KVCacheManager:
         """Whether every ``(request, num_slots)`` table can grow to its slots at once."""
         bs, need = self.block_size, 0   # every step at every row: no call per row
         for req, n in growth:
-            more = (n + bs - 1) // bs - len(req.block_ids)
+            more = -(-n // bs) - len(req.block_ids)   # blocks_for(n), inline
             if more > 0:
                 need += more
         return need <= self.pool.num_free

@@ -182,8 +182,7 @@ class Scheduler:
             req.num_computed_tokens -= s.k - s.num_accepted   # roll back rejected drafts' KV
             req.spec_stats.record(s.k, s.num_accepted)
             stats.spec_decode.record(s.k, s.num_accepted)
-        if req.draft_token_ids or req.draft_probs is not None:
-            req.clear_drafts()
+        req.clear_drafts()
         append_tokens(req, res)   # a finish there commits the blocks before freeing them
         if req.is_finished:
             return

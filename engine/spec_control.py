@@ -605,12 +605,8 @@ class _RecentMedian:
 
     def add(self, x: float) -> None:
         self.count += 1
-        recent = self.recent
-        recent.append(x)
-        # statistics.median, without its type checks (this runs a few times every step)
-        ordered, n = sorted(recent), len(recent)
-        mid = n // 2
-        self.value = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        self.recent.append(x)
+        self.value = statistics.median(self.recent)
 
 
 class CostModel:
@@ -1472,7 +1468,8 @@ class SpecControl:
         """This step's verifications (``k`` drafts, ``num_accepted``), each in the generation
         phase its request was in when the step before decided to propose them (``plan``)."""
         verified = []
-        for s in [s for s in scheduled if s.k and s.samples]:   # at k = 0 none: no loop body runs
+        verifying = [s for s in scheduled if s.k and s.samples]   # at k = 0 none: no loop body runs
+        for s in verifying:
             req = s.request
             phases = self._phases.get(req.request_id)
             if phases is not None:
