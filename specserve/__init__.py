@@ -19,6 +19,15 @@ __version__ = "0.1.0"
 from pathlib import Path as _Path
 
 _here = _Path(__file__).resolve().parent
-if not (_here / "server").is_dir() and (_here.parent / "engine" / "__init__.py").is_file():
+_checkout = (_here.parent / "engine" / "__init__.py").is_file() and (_here.parent / "kernels").is_dir()
+if not (_here / "server").is_dir() and _checkout:
     __path__.append(str(_here.parent))  # noqa: F821 (the package's own __path__)
-del _Path, _here
+if _checkout:
+    # a checkout (installed editable, or used from PYTHONPATH): where its root is on sys.path,
+    # its kernels/ folder must not stand in for the installed package of that name that
+    # transformers imports (specserve/_import_paths.py)
+    from specserve._import_paths import keep_installed_kernels_package
+
+    keep_installed_kernels_package(_here.parent)
+    del keep_installed_kernels_package
+del _Path, _here, _checkout

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+import specserve  # noqa: F401 (first: keeps the repository's kernels/ from shadowing the installed package of that name)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
