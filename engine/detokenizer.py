@@ -10,8 +10,14 @@ Byte-level BPE tokenizers (Qwen2/3, Llama 3, GPT-2; the decoder ``ByteLevel``) d
 as the UTF-8 of its tokens' bytes, one token after another, so once the text so far ends on a
 whole character a token whose own bytes are whole characters adds exactly its own decoded piece.
 Those tokens take a fast path: the piece, decoded once per token id and kept (``TokenPieces``),
-instead of two decodes of the recent window. Any other tokenizer, a token whose piece is not
-whole characters, and every token after one that left bytes pending take the general path.
+instead of two decodes of the recent window. A token whose piece is not whole characters (a
+byte of a multi-byte character, as random or CJK text often gives) takes a byte path: its raw
+bytes (kept per token id too) join the bytes pending since the last visible text, and once they
+decode as UTF-8 they are the piece. Special and other added tokens, any other tokenizer, and
+bytes that are not valid UTF-8 take the general path. Each faster path gives the general path's
+text exactly (tests/unit/test_detokenizer.py): on the CPU machine, random tokens of the test
+tokenizer at batch 256 took ~3.8 us a token (0.98 ms a step) with the general path behind the
+fast one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class TokenPieces:
         self.context_free = type(decoder).__name__ == "ByteLevel"
         self._backend = backend
         self._tables: dict[bool, dict[int, Optional[str]]] = {False: {}, True: {}}
+        self._raw: dict[int, Optional[bytes]] = {}
+        self._added: frozenset[int] = frozenset()
+        if self.context_free:
+            self._added = frozenset(backend.get_added_tokens_decoder())
 
     def piece(self, token_id: int, skip_special_tokens: bool) -> Optional[str]:
         """The token's text if it is non-empty whole characters (None otherwise: general path)."""
@@ -45,6 +55,42 @@ class TokenPieces:
             piece = text if text and "\ufffd" not in text else None
             table[token_id] = piece
             return piece
+
+    def raw(self, token_id: int) -> Optional[bytes]:
+        """The token's bytes, as the byte-level decoder concatenates them (None for an added
+        token, whose text is its content, and for an id the tokenizer does not know)."""
+        try:
+            return self._raw[token_id]
+        except KeyError:
+            raw = None
+            if token_id not in self._added:
+                token = self._backend.id_to_token(token_id)
+                if token is not None:
+                    try:
+                        raw = bytes([_BYTE_OF_CHAR[c] for c in token])
+                    except KeyError:   # not a byte-level token string
+                        raw = None
+            self._raw[token_id] = raw
+            return raw
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """The byte-level (GPT-2) alphabet: each of the 256 bytes is written as one printable
+    character; bytes that are printable Latin-1 stand for themselves, the rest take the
+    characters from U+0100 up, in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(0x100 + shifted)] = b
+            shifted += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _byte_level_chars()
+_HOLD = object()   # the byte path's answer: bytes pending, nothing visible yet
 
 
 class IncrementalDetokenizer:
@@ -63,6 +109,12 @@ class IncrementalDetokenizer:
         self.stopped = False
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._pieces = pieces if pieces is not None and pieces.context_free else None
+        # the raw bytes of ids[read_offset:] (None: take the general path until the next
+        # visible text, from which on it is exact: a token without raw bytes is among them, or
+        # the prompt's context ends inside a character, which the next bytes may complete)
+        self._pending: Optional[bytearray] = None
+        if self._pieces is not None and not (self.ids and self._decode(self.ids).endswith("\ufffd")):
+            self._pending = bytearray()
 
     def _decode(self, ids: list[int]) -> str:
         if self._backend is not None:  # the Rust tokenizer directly: no per-call Python conversion
@@ -75,8 +127,13 @@ class IncrementalDetokenizer:
         clean = self.read_offset == len(self.ids)   # no bytes pending since the last visible text
         self.ids.append(token_id)
         piece = None
-        if clean and self._pieces is not None:
-            piece = self._pieces.piece(token_id, self.skip_special)
+        if self._pieces is not None:
+            if clean:
+                piece = self._pieces.piece(token_id, self.skip_special)
+            if piece is None:
+                piece = self._byte_piece(token_id)
+                if piece is _HOLD:
+                    return None
         if piece is None:
             prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
             full = self._decode(self.ids[self.prefix_offset:])
@@ -86,9 +143,31 @@ class IncrementalDetokenizer:
         old_len = len(self.text)
         self.text += piece
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        if self._pieces is not None:
+            self._pending = bytearray()
         if not check_stop or not self.stop:
             return None
         return self._find_stop(max(0, old_len - self.max_stop_len + 1))
+
+    def _byte_piece(self, token_id: int):
+        """The byte path: the text the general path would add for ``token_id`` (a str), _HOLD
+        where it would add nothing yet, or None (a token without raw bytes: take the general
+        path). The pending bytes follow a visible text that ends on a whole character, so the
+        general path's text past it is these bytes decoded as the tokenizer decodes (invalid
+        sequences replaced by U+FFFD, one per maximal invalid subpart: Rust's
+        ``from_utf8_lossy`` and Python's ``"replace"`` both follow Unicode's recommended
+        practice), and it holds exactly where that text is empty or ends in U+FFFD (an
+        incomplete character so far)."""
+        pending = self._pending
+        if pending is None:
+            return None
+        raw = self._pieces.raw(token_id)
+        if raw is None:
+            self._pending = None
+            return None
+        pending += raw
+        text = pending.decode("utf-8", "replace")
+        return text if text and not text.endswith("\ufffd") else _HOLD
 
     def _find_stop(self, search_from: int) -> Optional[str]:
         best: Optional[tuple[int, str]] = None

@@ -172,3 +172,34 @@ def test_fast_path_text_equals_the_general_path_token_by_token(tok, path):
                 fast.add(t)
                 assert fast.text == general.text, (prompt, ids)
     assert sum(p is not None for p in pieces._tables[True].values()) > 10   # the fast path ran
+
+
+def test_byte_path_text_equals_the_general_path_on_random_bytes(tok, path):
+    """Single-byte tokens drawn from every byte value (invalid UTF-8, characters split across
+    tokens, the bytes of U+FFFD itself) mixed with whole-character pieces and a special token:
+    after every token the text is the general path's, and the byte path decided most of the
+    tokens that were not whole characters."""
+    import random
+
+    alphabet = _byte_level_alphabet()
+    single = [tok.convert_tokens_to_ids(alphabet[b]) for b in range(256)]
+    replacement = [tok.convert_tokens_to_ids(alphabet[b]) for b in "\ufffd".encode("utf-8")]
+    pool = single + tok.encode(MULTILINGUAL) + [tok.convert_tokens_to_ids("<|end|>")]
+    rng = random.Random(11)
+    pieces = TokenPieces(tok)
+    for trial in range(400):
+        # every third trial leans on one multi-byte run so characters complete often
+        if trial % 3 == 0:
+            ids = [single[b] for b in rng.choice(["東京", "🚀", "ü", "\ufffd"]).encode("utf-8")] * 3
+        else:
+            ids = [rng.choice(pool) for _ in range(40)]
+        if trial % 5 == 1:
+            ids[5:5] = replacement
+        for skip in (True, False):
+            general = IncrementalDetokenizer(tok, [], [], False, skip)
+            fast = IncrementalDetokenizer(tok, [], [], False, skip, pieces)
+            for t in ids:
+                general.add(t)
+                fast.add(t)
+                assert fast.text == general.text, (trial, ids)
+    assert sum(r is not None for r in pieces._raw.values()) > 100   # the byte path ran
