@@ -222,18 +222,23 @@ class GraphedForward(PiecewiseGraphs):
         nreq = len(items)
         b = next(x for x in self.buckets if x >= nreq)
         q, bs = self.q, self.block_size
-        pos, slots, seq_lens = [], [], []
         width = self.block_tables.shape[1]
         tables = host_buffer((b, width), torch.int32, self.input_ids.device)
-        for r, it in enumerate(items):
-            # a run shorter than q (a verification with fewer drafts) is padded at its end: the
-            # pad positions write no KV (slot -1) and, being later, are never attended to
-            n_real = len(it.token_ids)
-            pos.extend(range(it.start, it.start + q))
-            slots.extend(it.block_ids[x // bs] * bs + x % bs for x in range(it.start, it.start + n_real))
-            slots.extend([-1] * (q - n_real))
-            seq_lens.append(it.start + q)
-        fill_rows(tables, (it.block_ids for it in items))
+        if q == 1:   # decode and draft steps: one token a row (every step at large batches)
+            pos = [it.start for it in items]
+            slots = [it.block_ids[x // bs] * bs + x % bs for it, x in zip(items, pos)]
+            seq_lens = [x + 1 for x in pos]
+        else:
+            pos, slots, seq_lens = [], [], []
+            for it in items:
+                # a run shorter than q (a verification with fewer drafts) is padded at its end:
+                # the pad positions write no KV (slot -1) and, being later, are never attended to
+                n_real = len(it.token_ids)
+                pos.extend(range(it.start, it.start + q))
+                slots.extend(it.block_ids[x // bs] * bs + x % bs for x in range(it.start, it.start + n_real))
+                slots.extend([-1] * (q - n_real))
+                seq_lens.append(it.start + q)
+        fill_rows(tables, [it.block_ids for it in items])
         pad = b - nreq
         pos += [0] * (pad * q)
         slots += [-1] * (pad * q)

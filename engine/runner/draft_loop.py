@@ -250,7 +250,7 @@ class DraftLoop:
         ints[_TOP_K:_CAP, :n] = torch.tensor(it, dtype=torch.int64)
         ints[_CAP, :n] = torch.tensor(caps, dtype=torch.int64)
         ints[:_TOP_K, :n] = torch.tensor(lead, dtype=torch.int64)
-        fill_rows(tables, (req.block_ids for req in requests))
+        fill_rows(tables, [req.block_ids for req in requests])
         self.ints[:, :b].copy_(ints, non_blocking=True)
         self.floats[:, :b].copy_(floats, non_blocking=True)
         self.block_tables[:b].copy_(tables, non_blocking=True)

@@ -128,7 +128,7 @@ class RaggedGraphedForward(PiecewiseGraphs):
         t = next(b for b in self.buckets if b >= n)
         dev = self.input_ids.device
         tables = host_buffer(tuple(self.block_tables.shape), torch.int32, dev)
-        fill_rows(tables, (it.block_ids for it in items))
+        fill_rows(tables, [it.block_ids for it in items])
         pad_tokens, pad_reqs = t - n, self.max_reqs - len(items)
         # rows of no request: token 0 at position 0, no KV write (slot -1); requests past the
         # batch's: zero-length, starting after the last real token
