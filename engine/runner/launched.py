@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from specserve.engine.batch import ModelRunnerOutput
+from specserve.engine.request import Request
 from specserve.engine.runner.host_read import HostRead
 from specserve.engine.runner.phase_clock import PhaseClock
 from specserve.engine.runner.transfer import to_device
@@ -35,12 +36,18 @@ class LaunchedDecode:
     clock: PhaseClock
     marks: tuple[Any, Any]     # the clock's marks around the target forward and the sampler
 
-    def sampled_on_device(self, request_ids: list[str]) -> torch.Tensor:
-        """[len(request_ids)] int64: the token this step sampled for each, still on the device."""
+    def sampled_on_device(self, requests: list[Request]) -> torch.Tensor:
+        """[len(requests)] int64: the token this step sampled for each, still on the device.
+        The continuation of a step usually keeps all its rows in order: then the column itself
+        (no index built on the host, copied and gathered: ~0.1 ms a step at batch 256)."""
         v = self.verification
-        row = {s.request.request_id: i for i, s in enumerate(v.sampling)}
-        index = to_device([row[r] for r in request_ids], torch.int64, v.out.device)
-        return v.out[:, 0].index_select(0, index)
+        tokens = v.out[:, 0]
+        if len(requests) == len(v.sampling) and all(
+                r is s.request for r, s in zip(requests, v.sampling)):
+            return tokens
+        row = {id(s.request): i for i, s in enumerate(v.sampling)}
+        index = to_device([row[id(r)] for r in requests], torch.int64, v.out.device)
+        return tokens.index_select(0, index)
 
     def collect(self) -> ModelRunnerOutput:
         """Wait for this step's tokens (not for work queued after it) and return its results."""

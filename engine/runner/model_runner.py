@@ -185,7 +185,7 @@ class ModelRunner:
             items, ids = self._items(scheduled), None
         else:
             items = [ForwardItem([0], s.num_computed_before, s.request.block_ids, 1) for s in scheduled]
-            ids = after.sampled_on_device([s.request.request_id for s in scheduled])
+            ids = after.sampled_on_device([s.request for s in scheduled])
         logits = self._forward("target", items, ids)
         v = start_verification(scheduled, logits, self.spec.rejection_method, self.spec.store_probs,
                                self.device, output_offset=0 if after is None else 1)

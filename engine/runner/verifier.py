@@ -35,8 +35,9 @@ class Verification:
 
     def finish(self, out_rows: list[list[int]]) -> dict[str, RequestResult]:
         results: dict[str, RequestResult] = {}
+        one_column = bool(out_rows) and len(out_rows[0]) == 1   # no drafts: every row is [token]
         for row, s in zip(out_rows, self.sampling):
-            tokens = [t for t in row if t >= 0]
+            tokens = row if one_column else [t for t in row if t >= 0]
             res = RequestResult(sampled=tokens)
             if s.request.params.logprobs is not None:
                 res.logprobs = logprobs_for(self.raw[s.request.request_id][:len(tokens)], tokens,
