@@ -193,8 +193,7 @@ class KVCacheManager:
         """
         if not self.pool.enable_prefix_caching:
             return
-        full = min(num_valid_tokens, req.num_tokens) // self.block_size
-        full = min(full, len(req.block_ids))
+        full = min(num_valid_tokens, len(req.token_ids), len(req.block_ids) * self.block_size) // self.block_size
         if full > req.num_hashed_blocks:
             keys = block_keys(req.token_ids, self.block_size, full, self._keys.get(req.request_id))
             for i in range(req.num_hashed_blocks, full):
@@ -205,6 +204,7 @@ class KVCacheManager:
         if num_draft_valid is not None:
             ready = min(ready, num_draft_valid // self.block_size)
         done = self._draft_ready.get(req.request_id, 0)
-        for i in range(done, ready):
-            self.pool.mark_draft_ready(req.block_ids[i])
-        self._draft_ready[req.request_id] = max(done, ready)
+        if ready > done:   # (most steps of most rows complete no block: nothing to write)
+            for i in range(done, ready):
+                self.pool.mark_draft_ready(req.block_ids[i])
+            self._draft_ready[req.request_id] = ready

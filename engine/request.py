@@ -55,6 +55,10 @@ class Request:
         self.draft_token_ids: list[int] = []    # proposed, awaiting verification
         self.draft_probs: Any = None            # tensor [len(draft_token_ids), V] or None (greedy drafts)
         self.grammar: Any = None                # structured.GrammarState when the output is constrained
+        # the parameters ask for logits processing (penalties, logit_bias, min_tokens): read by
+        # runner.logits.needs_processing for every row of every step, so taken once here
+        self.params_process_logits = bool(params.needs_penalties or params.logit_bias
+                                          or params.min_tokens)
 
         self.spec_stats = SpecDecodeStats()
         self.times = RequestTimes(arrival=arrival)
@@ -91,7 +95,8 @@ class Request:
     def tokens_left(self, max_model_len: int) -> int:
         """Tokens it may still commit before max_tokens and the context end; at 0 it finishes
         on length."""
-        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+        n = len(self.token_ids)   # (every row, every step: no property calls)
+        return min(self.max_tokens - n + self.prompt_len, max_model_len - n)
 
     def draft_room(self, max_model_len: int) -> int:
         """Drafts that would still fit before max_tokens and the context end, counted before any

@@ -168,7 +168,8 @@ class Scheduler:
         req = s.request
         end = s.num_computed_before + s.num_new_tokens
         before = s.num_computed_before
-        stats.num_prompt_tokens += max(0, min(end, req.prompt_len) - min(before, req.prompt_len))
+        if before < req.prompt_len:   # a chunk of the prompt (decode rows are past it)
+            stats.num_prompt_tokens += min(end, req.prompt_len) - before
         req.num_computed_tokens = end
         if res is not None and res.num_draft_computed is not None:
             req.num_draft_computed = res.num_draft_computed

@@ -24,8 +24,7 @@ class RowContext:
 
 
 def needs_processing(req: Request) -> bool:
-    p = req.params
-    return bool(p.needs_penalties or p.logit_bias or p.min_tokens or req.grammar is not None)
+    return req.params_process_logits or req.grammar is not None
 
 
 def _penalise(row: torch.Tensor, req: Request, generated: list[int]) -> None:
