@@ -6,6 +6,7 @@ A byte-level BPE tokenizer of exactly ``--vocab`` ids is trained locally on the 
 the installed packages (nothing is downloaded; cached under ``build/grammar_bench_tokenizer``), so
 that the vocabulary looks like a real code/chat model's: many tokens mix punctuation, quotes and
 letters, which is what makes JSON masks expensive. The word-level tokenizer of bench/shapes.py
+(``word_level_tokenizer``, the dummy checkpoints' tokenizer until 2026-12-07)
 is measured too (every token is a ``w<id>`` word: masks are cheap, a lower bound).
 
 For each engine and grammar a valid output is tokenized and replayed: per token, the time to
@@ -189,7 +190,7 @@ def measure(engine, kind: str, grammar_text: str, tokens: list[int], repeats: in
 
 def run(vocab_size: int, repeats: int, cache: Path) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from specserve.bench.shapes import build_tokenizer as word_level
+    from specserve.bench.shapes import word_level_tokenizer as word_level
 
     t0 = time.perf_counter()
     bpe = trained_tokenizer(vocab_size, cache)

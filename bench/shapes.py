@@ -4,10 +4,14 @@
 engine then builds the model with ``load_format="dummy"`` (random weights from config.json
 alone). Nothing is downloaded.
 
-The tokenizer is word-level over the model's *whole* vocabulary (``w0 .. w{V-1}`` plus Qwen's
-special tokens at their usual ids), so every generated id decodes to text: the engine's
-incremental detokenizer does the same per-token work as with a real Qwen3 tokenizer, instead of
-skipping ids a small tokenizer would not know.
+The tokenizer covers the model's *whole* vocabulary (`` w0 .. w{V-1}`` plus Qwen's special
+tokens at their usual ids), so every generated id decodes to text, and it decodes the way real
+Qwen3 and Llama 3 tokenizers do: byte-level (each id's text is its bytes, decoded together), so
+the engine's incremental detokenizer takes the same path per token as with English text from a
+real checkpoint (each id a whole-character piece, looked up once). Until 2026-12-07 it was
+word-level (no byte-level decoder), which sent every token down the detokenizer's general path
+(two tokenizer decodes a token) and charged large batches host time a real tokenizer does not
+(:func:`word_level_tokenizer` keeps it, for bench/grammar_engines.py).
 """
 
 from __future__ import annotations
@@ -116,7 +120,32 @@ def config_dict(shape: ModelShape) -> dict:
 
 
 def build_tokenizer(vocab_size: int):
-    """A word-level PreTrainedTokenizerFast with exactly ``vocab_size`` ids (``w<id>`` words)."""
+    """A byte-level PreTrainedTokenizerFast with exactly ``vocab_size`` ids: id i is the word
+    `` w<i>`` (written ``Ġw<i>`` in the byte-level alphabet, as GPT-2-style vocabularies write a
+    leading space), Qwen's special tokens at their ids. Text made of its words encodes back to
+    their ids (any other piece reads as id 0)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = _special_ids(vocab_size)
+    by_id = {i: s for s, i in special.items()}
+    vocab = {by_id.get(i, f"\u0120w{i}"): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="\u0120w0"))
+    # words split before each space, then written in the byte-level alphabet: " w12 w3" ->
+    # "Ġw12", "Ġw3", the vocabulary's own spelling (so text made of its words encodes back)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="merged_with_next"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in special])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="\u0120w0",
+                                   bos_token=QWEN_ENDOFTEXT, eos_token=QWEN_IM_END,
+                                   pad_token=QWEN_ENDOFTEXT)
+
+
+def word_level_tokenizer(vocab_size: int):
+    """The word-level tokenizer the dummy checkpoints had until 2026-12-07 (``w<id>`` words, no
+    byte-level decoder); bench/grammar_engines.py compares the grammar engines on it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
