@@ -422,7 +422,7 @@ def run_ramp(core: EngineCore, s: AdaptiveSettings, temperature: float, tag: str
     t0 = time.perf_counter()
     while nxt < len(prompts) or core.has_unfinished():
         while nxt < len(prompts) and (arrivals[nxt] <= tokens or not core.has_unfinished()):
-            core.add_request(f"{tag}-{nxt}", prompts[nxt], params)
+            core.add_request(f"{tag}-{nxt}", prompts[nxt], params, final_only=True)   # as run_generation
             nxt += 1
         queued = _ahead_count(core)
         _, stats = core.step()
