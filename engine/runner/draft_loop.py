@@ -224,14 +224,18 @@ class DraftLoop:
         host time a step at batch 64 on an H100 (cProfile); a request preempted keeps a copy of
         its own instead of the batch's (``Scheduler._preempt``). When most rows take fewer
         drafts than the longest (adaptive per-row budgets near max_tokens), rows are copied one
-        by one instead, so that the copy is not mostly padding."""
+        by one instead, so that the copy is not mostly padding.
+
+        The copy is request-major ([B, k, V]): each request's rows lie together, one request
+        after another, so a verification of the whole batch in this order reads them as one
+        view instead of concatenating them again (``verifier._gather_draft_probs``)."""
         drafts = [t[:k] for t, k in zip(table, ks)]
         k_most = max(ks, default=0)
         if self.probs is None or k_most == 0:
             return drafts, [None] * len(drafts)
         if 2 * sum(ks) < k_most * len(ks):   # mostly short rows: a batch copy would be mostly waste
             return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(ks)]
-        rows = self.probs[:k_most, :len(ks)].clone().unbind(1)   # [k, V] views of one copy
+        rows = self.probs[:k_most, :len(ks)].transpose(0, 1).contiguous().unbind(0)   # [k, V] each
         return drafts, [q if k == k_most else (q[:k] if k else None) for q, k in zip(rows, ks)]
 
     def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],

@@ -88,10 +88,25 @@ def test_cuda_graphs_give_the_same_greedy_tokens_as_eager(real_shapes, spec):
     assert graphed == eager
 
 
-def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes):
+def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes, monkeypatch):
     """Every launch of the draft program in a sampled batch (chained to the verification or
     after the host read) runs twice from the same draft KV: replayed as CUDA graphs and run
-    eagerly; drafts, probabilities and the KV written must be identical."""
+    eagerly; drafts, probabilities and the KV written must be identical. Every verification
+    that reads the stored draft probabilities as one view (``verifier.adjacent_rows``: the
+    program's batch copy, verified in drafting order) must read exactly their concatenation."""
+    from specserve.engine.runner import verifier
+
+    views = {"joined": 0}
+    adjacent = verifier.adjacent_rows
+
+    def checked(parts):
+        joined = adjacent(parts)
+        if joined is not None:
+            assert torch.equal(joined, torch.cat(parts))
+            views["joined"] += 1
+        return joined
+
+    monkeypatch.setattr(verifier, "adjacent_rows", checked)
     target, draft = real_shapes
     # fixed k: with this random draft adaptive k would (rightly) never launch the program
     llm = LLM(target, draft_model=draft, num_speculative_tokens=4, speculative_k="fixed",
@@ -134,6 +149,7 @@ def test_the_draft_programs_graphs_propose_what_it_proposes_eagerly(real_shapes)
     llm.core.kv.pool.check_all_free()
     _free(llm)
     assert checked["launch_chained"] > 5, checked
+    assert views["joined"] > 3, views
 
 
 def _ragged_batches() -> list[list]:
