@@ -224,7 +224,7 @@ class GraphedForward(PiecewiseGraphs):
         q, bs = self.q, self.block_size
         width = self.block_tables.shape[1]
         tables = host_buffer((b, width), torch.int32, self.input_ids.device)
-        if q == 1:   # decode and draft steps: one token a row (every step at large batches)
+        if q == 1:   # decode and draft steps: one token a row (``fits``: 1 <= tokens <= q)
             pos = [it.start for it in items]
             slots = [it.block_ids[x // bs] * bs + x % bs for it, x in zip(items, pos)]
             seq_lens = [x + 1 for x in pos]

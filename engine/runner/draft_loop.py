@@ -235,7 +235,10 @@ class DraftLoop:
             return drafts, [None] * len(drafts)
         if 2 * sum(ks) < k_most * len(ks):   # mostly short rows: a batch copy would be mostly waste
             return drafts, [self.probs[:k, i].clone() if k else None for i, k in enumerate(ks)]
-        rows = self.probs[:k_most, :len(ks)].transpose(0, 1).contiguous().unbind(0)   # [k, V] each
+        # a copy always (with k = 1 the transposed slice is contiguous already, and .contiguous()
+        # would hand out views of the buffer the next run overwrites)
+        rows = self.probs[:k_most, :len(ks)].transpose(0, 1).clone(
+            memory_format=torch.contiguous_format).unbind(0)   # [k, V] each
         return drafts, [q if k == k_most else (q[:k] if k else None) for q, k in zip(rows, ks)]
 
     def _load(self, requests: list[Request], positions: list[int], lead: list[list[int]],

@@ -41,3 +41,22 @@ def test_anything_else_is_left_to_the_concatenation(case):
     else:
         parts = [parts[0], parts[1].clone()]
     assert adjacent_rows(parts) is None
+
+
+@pytest.mark.parametrize("k_most", [1, 2, 3])
+def test_the_draft_programs_batch_copy_is_a_copy_and_request_major(k_most):
+    """runner/draft_loop.py ``collect``: each request's q rows are its own copy (the program's
+    buffer is overwritten by its next run, which may come before a request is verified), and
+    a batch whose rows all drafted k_most is adjacent, request by request. With k = 1 the
+    transposed slice is contiguous already: a .contiguous() there handed out views."""
+    from specserve.engine.runner.draft_loop import DraftLoop
+
+    b, v = 4, 7
+    loop = type("Loop", (), {"probs": torch.randn(5, 6, v)})()
+    table = [[10 + i] * k_most for i in range(b)]
+    drafts, qs = DraftLoop.collect(loop, table, [k_most] * b)
+    want = [loop.probs[:k_most, i].clone() for i in range(b)]
+    loop.probs.fill_(-1.0)                       # the next run overwrites the buffer
+    assert drafts == table
+    assert all(torch.equal(q, w) for q, w in zip(qs, want))
+    assert torch.equal(adjacent_rows(qs), torch.cat(want))
