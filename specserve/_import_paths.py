@@ -7,6 +7,11 @@ run from the checkout puts the working directory there; the GPU machine's ``PYTH
 ``kernels`` package and import it by that name when its metadata says it is installed: the import
 then found our folder and failed (``cannot import name 'CUDAProperties'``), which broke every
 model load of the test suite on a fresh install.
+
+It acts when ``specserve`` is imported, so it cannot help a process that imports the top-level
+``kernels`` before specserve, or puts the checkout on ``sys.path`` only afterwards; it finds the
+installed package through ``sys.path`` (not through another meta-path finder, such as an
+editable install of that package).
 """
 
 from __future__ import annotations
