@@ -280,7 +280,7 @@ def run_generation(core: EngineCore, prompts: list[list[int]], output_len: int, 
         core.add_request(rid, prompt, params, final_only=True)
     run = GenerationRun(len(prompts), output_len)
     no_token_yet = set(ids)   # the decode phase starts once every request has its first token
-    queued = core.scheduler.requests
+    held = core.scheduler.requests   # running and waiting requests, by id
     t_start = time.perf_counter()
     t_decode: Optional[float] = None
     tokens_at_decode = 0
@@ -301,7 +301,7 @@ def run_generation(core: EngineCore, prompts: list[list[int]], output_len: int, 
         if t_decode is None:
             # a request the scheduler no longer holds has finished (with its tokens)
             no_token_yet = {rid for rid in no_token_yet
-                            if rid in queued and not queued[rid].num_output_tokens}
+                            if rid in held and not held[rid].num_output_tokens}
             if not no_token_yet:
                 t_decode, tokens_at_decode = time.perf_counter(), run.total_tokens
     else:

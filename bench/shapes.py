@@ -119,6 +119,13 @@ def config_dict(shape: ModelShape) -> dict:
     }
 
 
+def _words(vocab_size: int, prefix: str) -> dict[str, int]:
+    """The vocabulary of the bench tokenizers: id i is the word ``prefix + str(i)``, except
+    Qwen's special tokens at their ids."""
+    by_id = {i: s for s, i in _special_ids(vocab_size).items()}
+    return {by_id.get(i, f"{prefix}{i}"): i for i in range(vocab_size)}
+
+
 def build_tokenizer(vocab_size: int):
     """A byte-level PreTrainedTokenizerFast with exactly ``vocab_size`` ids: id i is the word
     `` w<i>`` (written ``Ġw<i>`` in the byte-level alphabet, as GPT-2-style vocabularies write a
@@ -128,9 +135,7 @@ def build_tokenizer(vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     special = _special_ids(vocab_size)
-    by_id = {i: s for s, i in special.items()}
-    vocab = {by_id.get(i, f"\u0120w{i}"): i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="\u0120w0"))
+    tok = Tokenizer(models.WordLevel(_words(vocab_size, "\u0120w"), unk_token="\u0120w0"))
     # words split before each space, then written in the byte-level alphabet: " w12 w3" ->
     # "Ġw12", "Ġw3", the vocabulary's own spelling (so text made of its words encodes back)
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -149,10 +154,7 @@ def word_level_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    special = _special_ids(vocab_size)
-    by_id = {i: s for s, i in special.items()}
-    vocab = {by_id.get(i, f"w{i}"): i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok = Tokenizer(models.WordLevel(_words(vocab_size, "w"), unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token=QWEN_ENDOFTEXT,
                                    eos_token=QWEN_IM_END, pad_token=QWEN_ENDOFTEXT)

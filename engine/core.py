@@ -283,9 +283,7 @@ class EngineCore:
                 detok.add(tok, check_stop=False)
         outputs = []
         for parent in touched.values():
-            children = parent.children
-            done = (children[0].is_finished if len(children) == 1   # n = 1: no generator a row
-                    else all(c.is_finished for c in children))
+            done = all(c.is_finished for c in parent.children)
             if done or not parent.final_only:
                 outputs.append(self._output(parent))
             if done:

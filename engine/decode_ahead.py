@@ -153,9 +153,6 @@ class DecodeAhead:
         if spec is not None:
             # as the scheduler's path would, before the token is read
             spec.plan(out, unread=1, waiting=len(sched.waiting))
-        bs = kv.block_size
-        for s in out:   # most steps need no new block: the table check inline (KVCacheManager.blocks_for)
-            slots = s.num_computed_before + 1 + s.k_next
-            if -(-slots // bs) > len(s.request.block_ids):
-                kv.allocate(s.request, slots)
+        for s in out:
+            kv.allocate(s.request, s.num_computed_before + 1 + s.k_next)
         return out

@@ -15,10 +15,10 @@ byte of a multi-byte character, as random or CJK text often gives) takes a byte 
 bytes (kept per token id too) join the bytes pending since the last visible text and are decoded
 as the tokenizer decodes them (invalid sequences replaced, an incomplete character at the end
 held back). Special and other added tokens (as the tokenizer had them when the engine started),
-any other tokenizer, and a prompt that ends inside a character take the general path. Each faster path gives the general path's
-text exactly (tests/unit/test_detokenizer.py): on the CPU machine, random tokens of the test
-tokenizer at batch 256 took ~3.8 us a token (0.98 ms a step) with the general path behind the
-fast one.
+any other tokenizer, and a prompt that ends inside a character take the general path. Each
+faster path gives the general path's text exactly (tests/unit/test_detokenizer.py). On the CPU
+machine, random tokens of the test tokenizer (256 requests x 64 tokens) took 2.72-2.79 us a
+token with the general path behind the fast one, 1.38-1.67 us with the byte path.
 """
 
 from __future__ import annotations

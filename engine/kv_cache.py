@@ -193,7 +193,8 @@ class KVCacheManager:
         """
         if not self.pool.enable_prefix_caching:
             return
-        full = min(num_valid_tokens, len(req.token_ids), len(req.block_ids) * self.block_size) // self.block_size
+        bs = self.block_size
+        full = min(num_valid_tokens, len(req.token_ids), len(req.block_ids) * bs) // bs
         if full > req.num_hashed_blocks:
             keys = block_keys(req.token_ids, self.block_size, full, self._keys.get(req.request_id))
             for i in range(req.num_hashed_blocks, full):

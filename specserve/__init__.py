@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 from pathlib import Path as _Path
 
 _here = _Path(__file__).resolve().parent
-_checkout = (_here.parent / "engine" / "__init__.py").is_file() and (_here.parent / "kernels").is_dir()
+_checkout = (_here.parent / "engine" / "__init__.py").is_file()
 if not (_here / "server").is_dir() and _checkout:
     __path__.append(str(_here.parent))  # noqa: F821 (the package's own __path__)
 if _checkout:
