@@ -438,7 +438,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     launch = plan_launch(q.shape, q.dtype, q.device, num_kv_heads, num_reqs, max_query_len,
                          max_seq_len, num_splits)
     out = launch.out
-    pdl = triton_pdl.active(q)
+    pdl = triton_pdl.active(q, "attention")
     _paged_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
         launch.ws_ml, scale, num_reqs, num_tokens,

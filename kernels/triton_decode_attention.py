@@ -115,7 +115,7 @@ def decode_attention(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_
                                         has_norm, k_cache.shape[1])
     att = launch.constexprs(num_heads, head_dim, k_cache.shape[1], qkv.dtype)
     out = launch.out
-    pdl = triton_pdl.active(qkv)
+    pdl = triton_pdl.active(qkv, "attention")
     _decode_attention_kernel[(launch.num_tiles, num_kv_heads, launch.splits)](
         qkv, q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, launch.ws_acc,
         launch.ws_ml, q_norm if has_norm else qkv, k_norm if has_norm else qkv, positions, cache,

@@ -545,7 +545,7 @@ def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     res, res_out, g, eps = norm if norm is not None else (None, x2, weight, 0.0)
     res = res if res is not None else x2
-    pdl = triton_pdl.active(x2)
+    pdl = triton_pdl.active(x2, "gemv")
     _gemv_kernel[grid](x2, weight, b, dst, m, n, k, k_per_split, x2.stride(0), weight.stride(0),
                        dst.stride(-2), dst.stride(0) if split > 1 else 0,
                        res, res_out, g, eps, res.stride(0), res_out.stride(0),

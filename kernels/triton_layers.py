@@ -79,7 +79,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if num_rows == 0:
         return out
     block = triton.next_power_of_2(hidden)
-    pdl = triton_pdl.active(x)
+    pdl = triton_pdl.active(x, "norm")
     _rms_norm_kernel[(num_rows,)](x, x, weight, out, out, eps, hidden, x.stride(0), 0,
                                   out.stride(0), 0, HAS_RESIDUAL=False, BLOCK_H=block, PDL=pdl,
                                   num_warps=_norm_warps(block), **triton_pdl.launch_options(pdl))
@@ -96,7 +96,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if num_rows == 0:
         return out, new_res
     block = triton.next_power_of_2(hidden)
-    pdl = triton_pdl.active(x)
+    pdl = triton_pdl.active(x, "norm")
     _rms_norm_kernel[(num_rows,)](x, residual, weight, out, new_res, eps, hidden, x.stride(0),
                                   residual.stride(0), out.stride(0), new_res.stride(0),
                                   HAS_RESIDUAL=True, BLOCK_H=block, PDL=pdl,
@@ -281,7 +281,7 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
     triton_prologue.check_cache_layout(k_cache, v_cache, head_dim)
     cache = _row_major(cos_sin_cache)
     has_norm = q_norm is not None
-    pdl = triton_pdl.active(qkv)
+    pdl = triton_pdl.active(qkv, "prologue")
     _attention_prologue_kernel[(num_tokens, num_kv_heads)](
         qkv, q, k_cache, v_cache, q_norm if has_norm else qkv, k_norm if has_norm else qkv,
         positions, cache, slot_mapping, eps, qkv.stride(0), q.stride(0), cache.stride(0),

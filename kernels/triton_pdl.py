@@ -58,6 +58,11 @@ _enabled = True
 
 # The largest hidden size of a model whose kernels launch with PDL (the 0.6B-like draft's).
 MAX_HIDDEN = 1024
+# The kernel families that name themselves to :func:`active`; in a model above MAX_HIDDEN the
+# families in LARGE_MODEL_FAMILIES still launch with PDL (none by default: an A/B knob,
+# ``scripts/fused_layer_ab.py --pdl-families``, to find which kernels of a large model gain).
+FAMILIES = ("gemv", "attention", "norm", "prologue")
+LARGE_MODEL_FAMILIES: frozenset[str] = frozenset()
 _model_hidden: Optional[int] = None      # the hidden size of the model in scope, if any
 
 
@@ -90,9 +95,13 @@ def usable(x: torch.Tensor) -> bool:
     return _enabled and not interpreting() and x.is_cuda and _supported(x.device)
 
 
-def active(x: torch.Tensor) -> bool:
-    """Whether a model's launch on ``x``'s device uses PDL now (inside a small model's scope)."""
-    return _model_hidden is not None and _model_hidden <= MAX_HIDDEN and usable(x)
+def active(x: torch.Tensor, family: str = "") -> bool:
+    """Whether a model's launch on ``x``'s device uses PDL now: inside a small model's scope,
+    or, for a kernel of ``family`` (one of FAMILIES), inside any model's scope while
+    LARGE_MODEL_FAMILIES holds it."""
+    hidden = _model_hidden
+    return (hidden is not None and (hidden <= MAX_HIDDEN or family in LARGE_MODEL_FAMILIES)
+            and usable(x))
 
 
 def launch_options(pdl: bool) -> dict:

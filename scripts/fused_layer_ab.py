@@ -64,6 +64,10 @@ def main() -> None:
     ap.add_argument("--pdl-max-hidden", type=int, default=None,
                     help="the largest hidden size launched with PDL (kernels/triton_pdl.MAX_HIDDEN) "
                          "for this run: measure PDL on a larger model")
+    ap.add_argument("--pdl-families", default=None,
+                    help="with --switch pdl on a model above triton_pdl.MAX_HIDDEN: the kernel "
+                         "families (gemv, attention, norm, prologue; comma-separated) whose "
+                         "launches use PDL in the 'on' arm (triton_pdl.LARGE_MODEL_FAMILIES)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, profile both arms' graphs at the first row count kernel by "
                          "kernel (scripts/graph_kernel_profile.py): <switch>_<shape>_profile.md")
@@ -79,10 +83,15 @@ def main() -> None:
     from specserve.kernels import backend, ops, triton_decoder_layer, triton_gemv
 
     backend.set_backend("triton")
-    if args.pdl_max_hidden is not None:
-        from specserve.kernels import triton_pdl
+    from specserve.kernels import triton_pdl
 
+    if args.pdl_max_hidden is not None:
         triton_pdl.MAX_HIDDEN = args.pdl_max_hidden
+    if args.pdl_families is not None:
+        families = frozenset(f for f in args.pdl_families.split(",") if f)
+        if not families <= set(triton_pdl.FAMILIES):
+            ap.error(f"--pdl-families {args.pdl_families}: each of {', '.join(triton_pdl.FAMILIES)}")
+        triton_pdl.LARGE_MODEL_FAMILIES = families
     own_norm = triton_gemv.norm_table(torch.device(args.device))   # this GPU's NORM_ONE_ROW
     if args.switch == "norm-one-row" and not own_norm:
         print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")

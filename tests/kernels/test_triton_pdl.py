@@ -100,3 +100,19 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
         model.compute_logits(hidden)
     assert all(seen.values()) and all(set(v) == {spec.hidden_size} for v in seen.values()), seen
     assert triton_pdl._model_hidden is None
+
+
+def test_a_large_models_kernels_only_for_the_families_named(monkeypatch) -> None:
+    """Above MAX_HIDDEN a kernel uses PDL only if its family is in LARGE_MODEL_FAMILIES (the A/B
+    knob of scripts/fused_layer_ab.py); in a small model every family does."""
+    with triton_pdl.model_scope(4096):
+        assert not any(triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES)
+        monkeypatch.setattr(triton_pdl, "LARGE_MODEL_FAMILIES", frozenset({"attention", "norm"}))
+        assert [triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES] == \
+            [f in ("attention", "norm") for f in triton_pdl.FAMILIES]
+        assert not triton_pdl.active(CUDA_TENSOR)    # a launch that names no family
+        triton_pdl.set_enabled(False)
+        assert not triton_pdl.active(CUDA_TENSOR, "attention")
+    triton_pdl.set_enabled(True)
+    with triton_pdl.model_scope(triton_pdl.MAX_HIDDEN):
+        assert all(triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES)
