@@ -126,10 +126,11 @@ def set_pdl(flag):
     selected().layers.set_pdl(flag)
 
 
-def pdl_scope(hidden_size):
-    """A context for a model's launches: PDL (``set_pdl``) applies inside it, to models whose
-    hidden size measured faster with it (triton_pdl.MAX_HIDDEN)."""
-    return selected().layers.pdl_scope(hidden_size)
+def pdl_scope(hidden_size, rows=None):
+    """A context for a model's launches over ``rows`` token rows: PDL (``set_pdl``) applies
+    inside it where it measured faster: models of hidden size up to triton_pdl.MAX_HIDDEN, and
+    larger models' forwards of triton_pdl.LARGE_MODEL_ROWS rows."""
+    return selected().layers.pdl_scope(hidden_size, rows)
 
 
 def sample_draft(logits, temperature, top_k, top_p, min_p, seeds, positions, store_probs,

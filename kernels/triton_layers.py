@@ -306,8 +306,8 @@ def set_pdl(flag: bool) -> None:
     triton_pdl.set_enabled(flag)
 
 
-def pdl_scope(hidden_size: int):
-    return triton_pdl.model_scope(hidden_size)
+def pdl_scope(hidden_size: int, rows: Optional[int] = None):
+    return triton_pdl.model_scope(hidden_size, rows)
 
 
 def attention_with_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -17,9 +17,13 @@ Measured on an H100 (2026-11-27, docs/bench-h100/pdl; a model's forward of 1-4 t
 graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft (hidden 1024) 1.05x /
 1.07x / 1.14x at 1 / 2 / 4 rows; the 1.7B-like (hidden 2048) 0.98x at one row and 1.05x at four;
 the 8B-like (4096) 0.97x and 1.03x. So a model's kernels use PDL inside :func:`model_scope` of
-a model of hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count); which
-kernels of the larger models lose at one row was not measured. The decision is the model's,
-not each kernel's: attention and the prologue have the same shapes in the 0.6B and the 1.7B.
+a model of hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count). A
+larger model uses it for a forward of :data:`LARGE_MODEL_ROWS` token rows: the 8B-like on an
+H100 (2026-12-07, docs/bench-h100/pdl-families-cells-2026-12-07) read 0.97x at 1 row, 1.03x at
+2, 4 and 8, and 1.01x at 16, so a target's verification of k + 1 tokens at batch 1 gains and
+its batch-1 decode keeps the launches it had. No one kernel family gains alone at either row
+count (the same run, ``--pdl-families``), so the decision is the forward's, not each kernel's:
+attention and the prologue have the same shapes in the 0.6B and the 1.7B.
 The only other user is the rejection sampler's wide tuning (kernels/triton_sampling.py
 ``Tuning.pdl``; it asks :func:`usable`). Three variants lost and were dropped: each program
 prefetching its first weight lines to L2 before the wait (0.6B: 1.00-1.01x at one row, 0.94x
@@ -63,7 +67,10 @@ MAX_HIDDEN = 1024
 # ``scripts/fused_layer_ab.py --pdl-families``, to find which kernels of a large model gain).
 FAMILIES = ("gemv", "attention", "norm", "prologue")
 LARGE_MODEL_FAMILIES: frozenset[str] = frozenset()
+# The token rows of a forward at which a model above MAX_HIDDEN launches every kernel with PDL.
+LARGE_MODEL_ROWS = range(2, 9)
 _model_hidden: Optional[int] = None      # the hidden size of the model in scope, if any
+_model_rows: Optional[int] = None        # the token rows of its forward, where the model said
 
 
 def set_enabled(flag: bool) -> None:
@@ -78,15 +85,17 @@ def _supported(device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def model_scope(hidden_size: int) -> Iterator[None]:
-    """Launches inside run a model of this hidden size (the model's forward wraps its layers
-    and head in it); PDL is used only inside a scope, for hidden sizes up to MAX_HIDDEN."""
-    global _model_hidden
-    saved, _model_hidden = _model_hidden, hidden_size
+def model_scope(hidden_size: int, rows: Optional[int] = None) -> Iterator[None]:
+    """Launches inside run a model of this hidden size over ``rows`` token rows (the model's
+    forward wraps its layers and head in it); PDL is used only inside a scope: for hidden sizes
+    up to MAX_HIDDEN, and above it for a forward of LARGE_MODEL_ROWS rows."""
+    global _model_hidden, _model_rows
+    saved = _model_hidden, _model_rows
+    _model_hidden, _model_rows = hidden_size, rows
     try:
         yield
     finally:
-        _model_hidden = saved
+        _model_hidden, _model_rows = saved
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -96,12 +105,14 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def active(x: torch.Tensor, family: str = "") -> bool:
-    """Whether a model's launch on ``x``'s device uses PDL now: inside a small model's scope,
-    or, for a kernel of ``family`` (one of FAMILIES), inside any model's scope while
-    LARGE_MODEL_FAMILIES holds it."""
+    """Whether a model's launch on ``x``'s device uses PDL now: inside a small model's scope;
+    inside a large model's scope over LARGE_MODEL_ROWS rows; or, for a kernel of ``family``
+    (one of FAMILIES), inside any model's scope while LARGE_MODEL_FAMILIES holds it."""
     hidden = _model_hidden
-    return (hidden is not None and (hidden <= MAX_HIDDEN or family in LARGE_MODEL_FAMILIES)
-            and usable(x))
+    if hidden is None:
+        return False
+    large_ok = _model_rows in LARGE_MODEL_ROWS or family in LARGE_MODEL_FAMILIES
+    return (hidden <= MAX_HIDDEN or large_ok) and usable(x)
 
 
 def launch_options(pdl: bool) -> dict:

@@ -6,7 +6,8 @@ the attention prologue and attention as two kernels against one (kernels/triton_
 NORM_ONE_ROW (and the 0.6B gate_up fused) against the state before them.
 ``--switch pdl``: the model's kernels (GEMV, attention, prologue, RMSNorm) launched one after the
 other against launched while the kernel before runs (kernels/triton_pdl.py; used only for
-models of hidden size up to triton_pdl.MAX_HIDDEN, so both arms are the same above it).
+models of hidden size up to triton_pdl.MAX_HIDDEN and, above it, for forwards of
+triton_pdl.LARGE_MODEL_ROWS token rows, so both arms are the same at other rows of a large model).
 With ``fused-layer``, "off" runs the layers op by op with the fused decode attention (the
 default since a37617c), so it is not the baseline of the fused-layer runs before that commit.
 
@@ -68,6 +69,11 @@ def main() -> None:
                     help="with --switch pdl on a model above triton_pdl.MAX_HIDDEN: the kernel "
                          "families (gemv, attention, norm, prologue; comma-separated) whose "
                          "launches use PDL in the 'on' arm (triton_pdl.LARGE_MODEL_FAMILIES)")
+    ap.add_argument("--pdl-rows", default=None,
+                    help="the token rows LO-HI (e.g. 2-8) of a forward at which a model above "
+                         "triton_pdl.MAX_HIDDEN launches every kernel with PDL "
+                         "(triton_pdl.LARGE_MODEL_ROWS), or 'none'; with --pdl-families, 'none' "
+                         "measures the families alone")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, profile both arms' graphs at the first row count kernel by "
                          "kernel (scripts/graph_kernel_profile.py): <switch>_<shape>_profile.md")
@@ -92,6 +98,12 @@ def main() -> None:
         if not families <= set(triton_pdl.FAMILIES):
             ap.error(f"--pdl-families {args.pdl_families}: each of {', '.join(triton_pdl.FAMILIES)}")
         triton_pdl.LARGE_MODEL_FAMILIES = families
+    if args.pdl_rows is not None:
+        try:
+            lo, hi = (0, 0) if args.pdl_rows == "none" else map(int, args.pdl_rows.split("-"))
+        except ValueError:
+            ap.error(f"--pdl-rows {args.pdl_rows}: LO-HI (e.g. 2-8) or none")
+        triton_pdl.LARGE_MODEL_ROWS = range(lo, hi + 1) if hi else range(0)
     own_norm = triton_gemv.norm_table(torch.device(args.device))   # this GPU's NORM_ONE_ROW
     if args.switch == "norm-one-row" and not own_norm:
         print("note: this device has no NORM_ONE_ROW entry: both arms run the same launches")

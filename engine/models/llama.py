@@ -161,14 +161,14 @@ class LlamaFamilyModel(nn.Module):
                    meta: AttentionMetadata, kv_caches: list[KVCache], lo: int,
                    hi: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decoder layers lo..hi-1 (a forward in pieces: CUDA graphs launch it piece by piece)."""
-        with ops.pdl_scope(self.spec.hidden_size):
+        with ops.pdl_scope(self.spec.hidden_size, x.shape[0]):
             for i in range(lo, hi):
                 x, residual = self.layers[i](x, residual, positions, self.cos_sin_cache, meta,
                                              kv_caches[i])
         return x, residual
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        with ops.pdl_scope(self.spec.hidden_size):
+        with ops.pdl_scope(self.spec.hidden_size, x.shape[0]):
             x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
         return x
 
@@ -176,5 +176,5 @@ class LlamaFamilyModel(nn.Module):
         """hidden: [M, hidden] -> logits [M, vocab] in the model dtype. Inside a PDL scope (the
         model's kernels may launch while the one before runs: kernels/triton_pdl.py), like its
         layers and final norm."""
-        with ops.pdl_scope(self.spec.hidden_size):
+        with ops.pdl_scope(self.spec.hidden_size, hidden.shape[0]):
             return ops.linear(hidden, self.lm_head_weight)

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (kernels/triton_pdl.py) on a real GPU: a 0.6B-like model's 1-token
-forward with its GEMV, attention, prologue and RMSNorm kernels launched ahead of the kernel
-before them gives the logits of the forward launched one kernel after the other, bit for bit,
+forward (and an 8B-like model's, at a row count that uses PDL) with its GEMV, attention,
+prologue and RMSNorm kernels launched ahead of the kernel before them gives the logits of the forward launched one kernel after the other, bit for bit,
 eagerly and over CUDA graph replays whose inputs change every time.
 
 A kernel that read its input before waiting for the kernel that writes it would read the last
@@ -27,14 +27,14 @@ pytestmark = [pytest.mark.gpu,
 CONTEXT, BLOCK = 200, 16
 
 
-def _model(tmp_path, layers: int):
+def _model(tmp_path, layers: int, shape_name: str = "QWEN3_06B_LIKE"):
     from specserve.bench import shapes
     from specserve.engine.models.loader import load_model
     from specserve.engine.models.spec import read_model_spec
     from specserve.kernels import backend
 
     backend.set_backend("triton")
-    shape = dataclasses.replace(shapes.QWEN3_06B_LIKE, num_layers=layers)
+    shape = dataclasses.replace(getattr(shapes, shape_name), num_layers=layers)
     spec = read_model_spec(shapes.write_checkpoint(tmp_path / "m", shape))
     return spec, load_model(spec, torch.device("cuda"), torch.bfloat16, 2048, "dummy", 0)
 
@@ -47,16 +47,20 @@ def _pdl_back_on():
     ops.set_pdl(True)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
+# the draft-sized model at every row count; an 8B-sized one (two layers) where its rows use PDL
+@pytest.mark.parametrize("shape_name, rows", [("QWEN3_06B_LIKE", 1), ("QWEN3_06B_LIKE", 3),
+                                              ("QWEN3_06B_LIKE", 8), ("QWEN3_8B_LIKE", 4)])
 @torch.inference_mode()
-def test_forward_with_pdl_is_bit_equal_over_graph_replays(tmp_path, rows: int) -> None:
+def test_forward_with_pdl_is_bit_equal_over_graph_replays(tmp_path, shape_name: str,
+                                                          rows: int) -> None:
     from specserve.engine.models.llama import AttentionMetadata
     from specserve.kernels import ops, triton_pdl
 
-    spec, model = _model(tmp_path, layers=4)
-    with triton_pdl.model_scope(spec.hidden_size):
+    spec, model = _model(tmp_path, layers=4 if shape_name == "QWEN3_06B_LIKE" else 2,
+                         shape_name=shape_name)
+    with triton_pdl.model_scope(spec.hidden_size, rows):
         assert triton_pdl.active(torch.empty(1, device="cuda")), \
-            "a draft-sized model's kernels must launch with PDL here"
+            "this model's kernels must launch with PDL at this row count"
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(rows)
     per = -(-(CONTEXT + 1) // BLOCK)

@@ -1,6 +1,7 @@
 """When kernels launch with programmatic dependent launch (kernels/triton_pdl.py): a model's
 kernels only inside its scope, for a model of hidden size up to MAX_HIDDEN (the 0.6B-like draft
-gained on an H100, the 1.7B- and 8B-like models lost at one row); the sampler wherever its
+gained on an H100, the 1.7B- and 8B-like models lost at one row), and for a larger model's
+forward of LARGE_MODEL_ROWS token rows (the 8B-like gained at 2-8); the sampler wherever its
 tuning asks (``usable``); always on a GPU that has it, not under the interpreter, and not after
 ``set_pdl(False)``. The GPU test (tests/gpu/test_pdl_gpu.py) checks
 what it computes."""
@@ -62,7 +63,8 @@ def test_usable_outside_a_model_scope_but_not_on_the_cpu_interpreting_or_switche
 
 
 def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
-    """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size)."""
+    """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size,
+    token rows)."""
     import tempfile
 
     import torch
@@ -80,7 +82,7 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
         real = getattr(ops, name)
 
         def call(*args, **kwargs):
-            seen[name].append(triton_pdl._model_hidden)
+            seen[name].append((triton_pdl._model_hidden, triton_pdl._model_rows))
             return real(*args, **kwargs)
         return call
 
@@ -98,14 +100,15 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
     with torch.inference_mode():
         hidden = model(torch.tensor([3]), torch.tensor([0]), meta, kv)
         model.compute_logits(hidden)
-    assert all(seen.values()) and all(set(v) == {spec.hidden_size} for v in seen.values()), seen
-    assert triton_pdl._model_hidden is None
+    # one token row: the scope says so, for the rule of LARGE_MODEL_ROWS
+    assert all(seen.values()) and all(set(v) == {(spec.hidden_size, 1)} for v in seen.values()), seen
+    assert triton_pdl._model_hidden is None and triton_pdl._model_rows is None
 
 
 def test_a_large_models_kernels_only_for_the_families_named(monkeypatch) -> None:
     """Above MAX_HIDDEN a kernel uses PDL only if its family is in LARGE_MODEL_FAMILIES (the A/B
     knob of scripts/fused_layer_ab.py); in a small model every family does."""
-    with triton_pdl.model_scope(4096):
+    with triton_pdl.model_scope(4096, rows=1):
         assert not any(triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES)
         monkeypatch.setattr(triton_pdl, "LARGE_MODEL_FAMILIES", frozenset({"attention", "norm"}))
         assert [triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES] == \
@@ -116,3 +119,18 @@ def test_a_large_models_kernels_only_for_the_families_named(monkeypatch) -> None
     triton_pdl.set_enabled(True)
     with triton_pdl.model_scope(triton_pdl.MAX_HIDDEN):
         assert all(triton_pdl.active(CUDA_TENSOR, f) for f in triton_pdl.FAMILIES)
+
+
+@pytest.mark.parametrize("rows, want", [(None, False), (1, False), (2, True), (4, True),
+                                        (8, True), (9, False), (16, False), (256, False)])
+def test_a_large_models_forward_by_its_token_rows(rows, want: bool) -> None:
+    """Above MAX_HIDDEN every family launches with PDL in a forward of 2-8 token rows (the
+    8B-like on an H100: 0.97x at 1 row, 1.03x at 2, 4 and 8, 1.01x at 16); a small model's
+    forward at any row count; a scope that names no rows counts as a large model's one row."""
+    with triton_pdl.model_scope(4096, rows):
+        assert [triton_pdl.active(CUDA_TENSOR, f) for f in (*triton_pdl.FAMILIES, "")] == \
+            [want] * (len(triton_pdl.FAMILIES) + 1)
+        with triton_pdl.model_scope(triton_pdl.MAX_HIDDEN, rows):    # a draft called inside
+            assert triton_pdl.active(CUDA_TENSOR, "gemv")
+        triton_pdl.set_enabled(False)
+        assert not triton_pdl.active(CUDA_TENSOR, "gemv")
