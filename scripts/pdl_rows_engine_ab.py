@@ -2,10 +2,12 @@
 the dummy Qwen3-8B-like target alone and with the 0.6B-like draft at fixed k, each built twice
 over the same loaded weights, once with the rule off (no large-model launch uses PDL) and once
 with it on (the default), and stepped in alternating rounds in one process. One line per round
-and engine: mean ms a step and the median step; then each configuration's median ratio.
+and engine: mean ms a step and the median step; then each configuration's median ratio. The
+arms alternate off/on, then on/off (ABBA).
 
-Greedy decoding of random prompts, ``ignore_eos``. Before timing, each engine of a pair of arms
-decodes one fresh request and the two outputs must be token-identical (the rule changes no result).
+Greedy decoding of random prompts, ``ignore_eos``. Before timing, each arm's engine decodes a
+fresh batch of the configuration's size, and the two arms' outputs must be token-identical (the
+rule changes no result).
 
     PYTHONPATH=/tmp/site:$PWD python3 scripts/pdl_rows_engine_ab.py --configs plain:1,plain:4,pair4:1
 """
@@ -27,20 +29,28 @@ from specserve.kernels import triton_pdl
 RULE = {"off": range(0), "on": triton_pdl.LARGE_MODEL_ROWS}
 
 
-def _greedy(core, prompt: list[int], n: int, rid: str) -> list[int]:
-    core.add_request(rid, prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n))
-    tokens: list[int] = []
+PROMPT = 128             # prompt tokens of every request
+MAX_MODEL_LEN = 1024
+
+
+def _greedy(core, batch: int, n: int, tag: str) -> list[list[int]]:
+    """``batch`` fresh requests decoded together for ``n`` tokens: their token ids."""
+    prompts = random_prompts(batch, 64, core.info.vocab_size, 7)
+    for i, p in enumerate(prompts):
+        core.add_request(f"{tag}-{i}", p, SamplingParams(temperature=0.0, ignore_eos=True,
+                                                          max_tokens=n))
+    tokens: dict[str, list[int]] = {}
     while core.has_unfinished():
         outs, _ = core.step()
         for out in outs:
-            if out.request_id == rid:
-                tokens = list(out.outputs[0].token_ids)
-    return tokens
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+    return [tokens[f"{tag}-{i}"] for i in range(batch)]
 
 
-def _fill(core, batch: int, tag: str, steps: int) -> None:
-    room = (core.runner.num_speculative_tokens + 1) * (steps + 16) + 16
-    for i, p in enumerate(random_prompts(batch, 128, core.info.vocab_size, 1)):
+def _fill(core, batch: int, tag: str) -> None:
+    """``batch`` requests that decode as long as the context allows."""
+    room = MAX_MODEL_LEN - PROMPT - core.runner.num_speculative_tokens - 1
+    for i, p in enumerate(random_prompts(batch, PROMPT, core.info.vocab_size, 1)):
         core.add_request(f"{tag}-{i}", p, SamplingParams(temperature=0.0, ignore_eos=True,
                                                           max_tokens=room))
 
@@ -60,7 +70,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="specserve-pdl-rows-"))
     target, draft = shapes.write_pair(tmp, target_shape, draft_shape)
     cache = ModelCache("cuda" if cuda else "cpu", "bfloat16" if cuda else "float32", "auto",
-                       1024, False, 0)
+                       MAX_MODEL_LEN, False, 0)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     print(f"# PDL row rule in the engine: {target_shape.name} (+ {draft_shape.name}), "
           f"{torch.cuda.get_device_name() if cuda else 'cpu'}, {time.strftime('%F %T')}; "
@@ -74,19 +84,19 @@ def main() -> None:
             triton_pdl.LARGE_MODEL_ROWS = rows
             cores[arm] = cache.core(str(target), str(draft) if k else None, k, batch * 100 + 16,
                                     "dummy", max_num_seqs=max(batch, 1))
-            outputs[arm] = _greedy(cores[arm], random_prompts(1, 64, cores[arm].info.vocab_size, 7)[0],
-                                   48, f"check-{arm}")
-            _fill(cores[arm], batch, arm, a.steps * a.rounds + 10)
+            outputs[arm] = _greedy(cores[arm], batch, 48, f"check-{arm}")
+            _fill(cores[arm], batch, arm)
             for _ in range(10):
                 cores[arm].step()
         same = outputs["off"] == outputs["on"]
-        print(f"== {config}: greedy outputs off / on token-identical: {same}", flush=True)
+        print(f"== {config}: greedy outputs of {batch} requests, off / on token-identical: "
+              f"{same}", flush=True)
         if not same:
             raise SystemExit(f"{config}: the row rule changed a greedy output")
         medians: dict[str, list[float]] = {arm: [] for arm in RULE}
         for r in range(a.rounds):
-            for arm, rows in RULE.items():
-                triton_pdl.LARGE_MODEL_ROWS = rows
+            for arm in (("off", "on") if r % 2 == 0 else ("on", "off")):   # ABBA: no arm always first
+                triton_pdl.LARGE_MODEL_ROWS = RULE[arm]
                 walls = []
                 sync()
                 for _ in range(a.steps):
@@ -94,6 +104,8 @@ def main() -> None:
                     cores[arm].step()
                     sync()
                     walls.append(time.perf_counter() - t0)
+                if len(cores[arm].scheduler.running) < batch:
+                    raise SystemExit(f"{config} {arm}: a request finished inside the timed steps")
                 med = statistics.median(walls)
                 medians[arm].append(med)
                 print(f"round {r} {config} rule {arm}: mean {1e3 * statistics.fmean(walls):.3f} "

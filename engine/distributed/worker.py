@@ -76,5 +76,5 @@ def run_steps(model, kv, group: TPGroup, block_size: int, device: torch.device,
         inputs = build_inputs(items, block_size, device, bound)
         hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel():          # rank 0 gathers the logits: join it
-            model.compute_logits(hidden[inputs.logits_indices])
+            model.compute_logits(hidden[inputs.logits_indices], rows=hidden.shape[0])
         steps += 1

@@ -172,9 +172,10 @@ class LlamaFamilyModel(nn.Module):
             x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, rows: Optional[int] = None) -> torch.Tensor:
         """hidden: [M, hidden] -> logits [M, vocab] in the model dtype. Inside a PDL scope (the
         model's kernels may launch while the one before runs: kernels/triton_pdl.py), like its
-        layers and final norm."""
-        with ops.pdl_scope(self.spec.hidden_size, hidden.shape[0]):
+        layers and final norm; ``rows``: the token rows of the forward these rows were picked
+        from (default M), so the head launches as the layers did."""
+        with ops.pdl_scope(self.spec.hidden_size, hidden.shape[0] if rows is None else rows):
             return ops.linear(hidden, self.lm_head_weight)

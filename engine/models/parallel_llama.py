@@ -12,6 +12,7 @@ differ, so TP = 1 and TP > 1 cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 import torch
 from torch import nn
@@ -92,6 +93,8 @@ class ParallelLlamaModel(LlamaFamilyModel):
         hkv = self.layers[0].self_attn.num_kv_heads if spec.num_layers else spec.num_kv_heads
         self.kv_spec = replace(spec, num_kv_heads=hkv)   # this rank's share of the KV cache
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [M, hidden] -> logits [M, vocab] (gathered over ranks) in the model dtype."""
+    def compute_logits(self, hidden: torch.Tensor, rows: Optional[int] = None) -> torch.Tensor:
+        """hidden: [M, hidden] -> logits [M, vocab] (gathered over ranks) in the model dtype.
+        ``rows`` (the forward's token rows) is unused: the vocabulary-parallel head launches
+        outside a PDL scope."""
         return self.embed_tokens.logits(hidden, self.lm_head_weight)

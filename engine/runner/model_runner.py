@@ -214,7 +214,7 @@ class ModelRunner:
         hidden = model(inputs.input_ids, inputs.positions, inputs.meta, kv)
         if inputs.logits_indices.numel() == 0:
             return None
-        return model.compute_logits(hidden[inputs.logits_indices])   # [rows, V]
+        return model.compute_logits(hidden[inputs.logits_indices], rows=hidden.shape[0])   # [rows, V]
 
     def _graph_for(self, which: str, items: list[ForwardItem]) -> Optional[GraphedForward]:
         """The smallest captured graph whose query length covers every item, if any."""

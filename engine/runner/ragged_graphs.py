@@ -158,4 +158,4 @@ class RaggedGraphedForward(PiecewiseGraphs):
         if not rows:
             return None
         index = to_device(rows, torch.int64, hidden.device)
-        return self.model.compute_logits(hidden.index_select(0, index))
+        return self.model.compute_logits(hidden.index_select(0, index), rows=hidden.shape[0])

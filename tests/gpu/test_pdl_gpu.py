@@ -111,6 +111,8 @@ def test_forward_with_pdl_is_bit_equal_over_graph_replays(tmp_path, shape_name: 
     finally:
         triton_pdl.launch_options = real_options
     assert any(launches), "the model's forward launched nothing with PDL"
+    if shape_name != "QWEN3_06B_LIKE":   # a large model's rule is the forward's: every launch
+        assert all(launches), "a large model's forward at these rows launched some kernels without PDL"
     assert torch.equal(got, want[0]), "the eager forward with PDL differs"
     load(cases[0])
     graph, out = capture_graph(forward)

@@ -62,9 +62,12 @@ def test_usable_outside_a_model_scope_but_not_on_the_cpu_interpreting_or_switche
     assert not triton_pdl.usable(CUDA_TENSOR)
 
 
-def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch, tokens: int) -> None:
     """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size,
-    token rows)."""
+    token rows): one request's forward of ``tokens`` tokens gives ``tokens`` rows everywhere,
+    also to the head when it computes only the last token's logits and is told the forward's
+    rows (as the runner does); told nothing, the head counts its own rows."""
     import tempfile
 
     import torch
@@ -92,17 +95,21 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch) -> None:
         monkeypatch.setattr(ops, name, spy(name))
     # the torch backend's scope is a no-op: the Triton backend's (plain Python) stands in
     monkeypatch.setattr(ops, "pdl_scope", triton_pdl.model_scope)
-    meta = AttentionMetadata(torch.tensor([0]), torch.zeros((1, 1), dtype=torch.int32),
-                             torch.tensor([0, 1], dtype=torch.int32),
-                             torch.tensor([1], dtype=torch.int32), 1, 16)
+    meta = AttentionMetadata(torch.arange(tokens), torch.zeros((1, 1), dtype=torch.int32),
+                             torch.tensor([0, tokens], dtype=torch.int32),
+                             torch.tensor([tokens], dtype=torch.int32), tokens, 16)
     kv = [(torch.zeros(2, 16, spec.num_kv_heads, spec.head_dim),
            torch.zeros(2, 16, spec.num_kv_heads, spec.head_dim)) for _ in range(spec.num_layers)]
     with torch.inference_mode():
-        hidden = model(torch.tensor([3]), torch.tensor([0]), meta, kv)
-        model.compute_logits(hidden)
-    # one token row: the scope says so, for the rule of LARGE_MODEL_ROWS
-    assert all(seen.values()) and all(set(v) == {(spec.hidden_size, 1)} for v in seen.values()), seen
+        hidden = model(torch.arange(3, 3 + tokens), torch.arange(tokens), meta, kv)
+        model.compute_logits(hidden[-1:], rows=hidden.shape[0])
+    assert all(seen.values()) and all(set(v) == {(spec.hidden_size, tokens)}
+                                      for v in seen.values()), seen
     assert triton_pdl._model_hidden is None and triton_pdl._model_rows is None
+    seen["linear"].clear()
+    with torch.inference_mode():
+        model.compute_logits(hidden[-1:])
+    assert seen["linear"] == [(spec.hidden_size, 1)]
 
 
 def test_a_large_models_kernels_only_for_the_families_named(monkeypatch) -> None:
