@@ -19,12 +19,14 @@ graph, ``scripts/fused_layer_ab.py --switch pdl``): the 0.6B-like draft (hidden 
 the 8B-like (4096) 0.97x and 1.03x. So a model's kernels use PDL inside :func:`model_scope` of
 a model of hidden size up to :data:`MAX_HIDDEN` (the one that gained at every row count). A
 larger model uses it for a forward of :data:`LARGE_MODEL_ROWS` token rows: the 8B-like on an
-H100 (2026-12-07, docs/bench-h100/pdl-families-cells-2026-12-07) read 0.97x at 1 row, 1.03x at
-2, 4 and 8, and 1.01x at 16, so a target's verification of k + 1 tokens at batch 1 (k up to
-7) gains and its batch-1 decode keeps the launches it had. Models of other sizes above 1,024
-(a 1.7B-like read 1.05x at four rows on 2026-11-27; 32B and up were never measured) and
-tensor-parallel ranks (all-reduces between the layers' kernels) follow the same rule unmeasured. No one kernel family gains alone at either row
-count (the same run, ``--pdl-families``), so the decision is the forward's, not each kernel's:
+H100 (2026-12-07, docs/bench-h100/pdl-rows-2026-12-07), like the Llama-3-8B-like, read 0.97x
+at 1 row, 1.02-1.03x at 2, 4 and 8, and 1.01x at 16, so a target's verification of k + 1
+tokens at batch 1 (k up to 7) gains (the 8B + 0.6B step 1.02-1.03x in the engine) and its
+batch-1 decode keeps the launches it had. Models of other sizes above 1,024 (a 1.7B-like read
+1.05x at four rows on 2026-11-27; 32B and up were never measured) follow the same rule
+unmeasured; a tensor-parallel shard (all-reduces between the layers' kernels) names no rows
+(``LlamaFamilyModel.pdl_by_rows``) and keeps the launches it had. No one kernel family gains
+alone at either row count (``--pdl-families``), so the decision is the forward's, not each kernel's:
 attention and the prologue have the same shapes in the 0.6B and the 1.7B.
 The only other user is the rejection sampler's wide tuning (kernels/triton_sampling.py
 ``Tuning.pdl``; it asks :func:`usable`). Three variants lost and were dropped: each program

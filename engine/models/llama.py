@@ -134,6 +134,11 @@ class DecoderLayer(nn.Module):
 class LlamaFamilyModel(nn.Module):
     """Embeddings -> decoder layers -> final norm; ``compute_logits`` applies the LM head."""
 
+    # Whether the model's PDL scope carries its forward's token rows (the large-model row rule,
+    # kernels/triton_pdl.LARGE_MODEL_ROWS, measured on one GPU); a tensor-parallel shard, with
+    # all-reduces between its kernels, says no rows and keeps the launches it had.
+    pdl_by_rows = True
+
     def __init__(self, spec: ModelSpec, cos_sin_cache: torch.Tensor):
         super().__init__()
         self.spec = spec
@@ -161,14 +166,17 @@ class LlamaFamilyModel(nn.Module):
                    meta: AttentionMetadata, kv_caches: list[KVCache], lo: int,
                    hi: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decoder layers lo..hi-1 (a forward in pieces: CUDA graphs launch it piece by piece)."""
-        with ops.pdl_scope(self.spec.hidden_size, x.shape[0]):
+        with ops.pdl_scope(self.spec.hidden_size, self._pdl_rows(x.shape[0])):
             for i in range(lo, hi):
                 x, residual = self.layers[i](x, residual, positions, self.cos_sin_cache, meta,
                                              kv_caches[i])
         return x, residual
 
+    def _pdl_rows(self, rows: int) -> Optional[int]:
+        return rows if self.pdl_by_rows else None
+
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        with ops.pdl_scope(self.spec.hidden_size, x.shape[0]):
+        with ops.pdl_scope(self.spec.hidden_size, self._pdl_rows(x.shape[0])):
             x, _ = ops.add_rms_norm(x, residual, self.norm, self.spec.rms_norm_eps)
         return x
 
@@ -177,5 +185,6 @@ class LlamaFamilyModel(nn.Module):
         model's kernels may launch while the one before runs: kernels/triton_pdl.py), like its
         layers and final norm; ``rows``: the token rows of the forward these rows were picked
         from (default M), so the head launches as the layers did."""
-        with ops.pdl_scope(self.spec.hidden_size, hidden.shape[0] if rows is None else rows):
+        with ops.pdl_scope(self.spec.hidden_size,
+                           self._pdl_rows(hidden.shape[0] if rows is None else rows)):
             return ops.linear(hidden, self.lm_head_weight)

@@ -76,7 +76,10 @@ class ParallelDecoderLayer(nn.Module):
 
 
 class ParallelLlamaModel(LlamaFamilyModel):
-    """This rank's shard of a Llama-family model; ``compute_logits`` returns the full vocabulary."""
+    """This rank's shard of a Llama-family model; ``compute_logits`` returns the full vocabulary.
+    Its PDL scope names no token rows: the large-model row rule was not measured across ranks."""
+
+    pdl_by_rows = False
 
     def __init__(self, spec: ModelSpec, cos_sin_cache: torch.Tensor, group: TPGroup):
         nn.Module.__init__(self)

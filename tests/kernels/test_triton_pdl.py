@@ -9,6 +9,7 @@ what it computes."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
@@ -62,23 +63,15 @@ def test_usable_outside_a_model_scope_but_not_on_the_cpu_interpreting_or_switche
     assert not triton_pdl.usable(CUDA_TENSOR)
 
 
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch, tokens: int) -> None:
-    """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size,
-    token rows): one request's forward of ``tokens`` tokens gives ``tokens`` rows everywhere,
-    also to the head when it computes only the last token's logits and is told the forward's
-    rows (as the runner does); told nothing, the head counts its own rows."""
-    import tempfile
-
+def _scopes_seen(monkeypatch, model, tokens: int, logits_rows: Optional[int]) -> dict[str, list]:
+    """(hidden size, rows) of the PDL scope around each projection / LM head (``linear``) and
+    RMSNorm with residual (``add_rms_norm``) of one request's forward over ``tokens`` tokens,
+    then the head over its last token told ``logits_rows``."""
     import torch
 
-    from specserve.bench import shapes
     from specserve.engine.models.llama import AttentionMetadata
-    from specserve.engine.models.loader import load_model
-    from specserve.engine.models.spec import read_model_spec
-    from specserve.kernels import backend, ops
+    from specserve.kernels import ops
 
-    backend.set_backend("torch")
     seen: dict[str, list] = {"linear": [], "add_rms_norm": []}
 
     def spy(name: str):
@@ -89,12 +82,11 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch, tokens: in
             return real(*args, **kwargs)
         return call
 
-    spec = read_model_spec(shapes.write_checkpoint(tempfile.mkdtemp(), shapes.TINY_DRAFT))
-    model = load_model(spec, torch.device("cpu"), torch.float32, 64, "dummy", 0)
-    for name in seen:                  # the projections and LM head; the final norm
+    for name in seen:
         monkeypatch.setattr(ops, name, spy(name))
     # the torch backend's scope is a no-op: the Triton backend's (plain Python) stands in
     monkeypatch.setattr(ops, "pdl_scope", triton_pdl.model_scope)
+    spec = model.kv_spec if hasattr(model, "kv_spec") else model.spec
     meta = AttentionMetadata(torch.arange(tokens), torch.zeros((1, 1), dtype=torch.int32),
                              torch.tensor([0, tokens], dtype=torch.int32),
                              torch.tensor([tokens], dtype=torch.int32), tokens, 16)
@@ -102,14 +94,52 @@ def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch, tokens: in
            torch.zeros(2, 16, spec.num_kv_heads, spec.head_dim)) for _ in range(spec.num_layers)]
     with torch.inference_mode():
         hidden = model(torch.arange(3, 3 + tokens), torch.arange(tokens), meta, kv)
-        model.compute_logits(hidden[-1:], rows=hidden.shape[0])
+        model.compute_logits(hidden[-1:], rows=logits_rows)
+    assert triton_pdl._model_hidden is None and triton_pdl._model_rows is None
+    return seen
+
+
+def _tiny_model(group=None):
+    import tempfile
+
+    import torch
+
+    from specserve.bench import shapes
+    from specserve.engine.models.loader import load_model
+    from specserve.engine.models.spec import read_model_spec
+    from specserve.kernels import backend
+
+    backend.set_backend("torch")
+    spec = read_model_spec(shapes.write_checkpoint(tempfile.mkdtemp(), shapes.TINY_TARGET))
+    return spec, load_model(spec, torch.device("cpu"), torch.float32, 64, "dummy", 0, group=group)
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_the_model_runs_its_layers_and_head_in_its_scope(monkeypatch, tokens: int) -> None:
+    """LlamaFamilyModel's layers, final norm and LM head launch inside pdl_scope(hidden size,
+    token rows): one request's forward of ``tokens`` tokens gives ``tokens`` rows everywhere,
+    also to the head when it computes only the last token's logits and is told the forward's
+    rows (as the runner does); told nothing, the head counts its own rows."""
+    spec, model = _tiny_model()
+    seen = _scopes_seen(monkeypatch, model, tokens, logits_rows=tokens)
     assert all(seen.values()) and all(set(v) == {(spec.hidden_size, tokens)}
                                       for v in seen.values()), seen
-    assert triton_pdl._model_hidden is None and triton_pdl._model_rows is None
-    seen["linear"].clear()
-    with torch.inference_mode():
-        model.compute_logits(hidden[-1:])
-    assert seen["linear"] == [(spec.hidden_size, 1)]
+    seen = _scopes_seen(monkeypatch, model, tokens, logits_rows=None)
+    assert seen["linear"][-1] == (spec.hidden_size, 1)
+
+
+def test_a_tensor_parallel_shard_names_no_rows(monkeypatch) -> None:
+    """A tensor-parallel shard (ParallelLlamaModel, here one gloo rank) runs its layers and
+    final norm in its model's scope with no rows: the large-model row rule, measured on one
+    GPU, does not reach it (its vocabulary-parallel head launches outside a scope)."""
+    from specserve.engine.distributed.group import Rendezvous, TPGroup, open_store
+
+    store, port = open_store(1)
+    group = TPGroup(Rendezvous("127.0.0.1", port, 1, "gloo"), 0, store)
+    spec, model = _tiny_model(group)
+    assert type(model).__name__ == "ParallelLlamaModel"
+    seen = _scopes_seen(monkeypatch, model, 3, logits_rows=3)
+    assert seen["add_rms_norm"] and set(seen["add_rms_norm"]) == {(spec.hidden_size, None)}, seen
 
 
 def test_a_large_models_kernels_only_for_the_families_named(monkeypatch) -> None:
