@@ -113,10 +113,10 @@ def active(x: torch.Tensor, family: str = "") -> bool:
     inside a large model's scope over LARGE_MODEL_ROWS rows; or, for a kernel of ``family``
     (one of FAMILIES), inside any model's scope while LARGE_MODEL_FAMILIES holds it."""
     hidden = _model_hidden
-    if hidden is None:
-        return False
-    large_ok = _model_rows in LARGE_MODEL_ROWS or family in LARGE_MODEL_FAMILIES
-    return (hidden <= MAX_HIDDEN or large_ok) and usable(x)
+    return (hidden is not None
+            and (hidden <= MAX_HIDDEN or _model_rows in LARGE_MODEL_ROWS
+                 or family in LARGE_MODEL_FAMILIES)
+            and usable(x))
 
 
 def launch_options(pdl: bool) -> dict:

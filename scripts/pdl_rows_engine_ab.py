@@ -61,7 +61,7 @@ def main() -> None:
                     help="comma-separated ENGINE:BATCH, ENGINE one of plain (no draft) and pairK "
                          "(the 0.6B-like draft at fixed k = K)")
     ap.add_argument("--steps", type=int, default=100, help="timed steps per round and arm")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (off, on)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, alternating off/on and on/off (ABBA)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run)")
     a = ap.parse_args()
     cuda = torch.cuda.is_available() and not a.tiny

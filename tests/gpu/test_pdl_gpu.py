@@ -1,7 +1,8 @@
 """Programmatic dependent launch (kernels/triton_pdl.py) on a real GPU: a 0.6B-like model's 1-token
 forward (and an 8B-like model's, at a row count that uses PDL) with its GEMV, attention,
-prologue and RMSNorm kernels launched ahead of the kernel before them gives the logits of the forward launched one kernel after the other, bit for bit,
-eagerly and over CUDA graph replays whose inputs change every time.
+prologue and RMSNorm kernels launched ahead of the kernel before them gives the logits of the
+forward launched one kernel after the other, bit for bit, eagerly and over CUDA graph replays
+whose inputs change every time.
 
 A kernel that read its input before waiting for the kernel that writes it would read the last
 replay's values (or garbage) in some replays; the replays change the tokens and the KV cache
