@@ -43,6 +43,7 @@ import bisect
 import functools
 import math
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -439,6 +440,7 @@ class AcceptanceModel:
             self.shared.append(phases)
         self.per_request: dict[str, tuple[int, _Rates]] = {}   # request id -> (phase, own estimate)
         self.steps = 0                              # controller steps so far (``tick``)
+        self.recorded = 0                           # record_step calls that brought outcomes
         self._last_verified: dict[str, int] = {}    # request id -> step of its last record
         self._stale_after: dict[str, int] = {}      # request id -> steps before its own goes stale
 
@@ -463,6 +465,8 @@ class AcceptanceModel:
         the step for its prior (read once per bucket and phase: a later phase's read walks the
         phases before it, and each update of one of them invalidates it)."""
         verified = [v for v in verified if v[2] > 0]
+        if verified:
+            self.recorded += 1
         for _, bucket, k, accepted, phase in verified:
             self.shared[bucket][phase].update(k, accepted)
         priors: dict[tuple[int, int], list[float]] = {}
@@ -606,7 +610,9 @@ class _RecentMedian:
     def add(self, x: float) -> None:
         self.count += 1
         self.recent.append(x)
-        self.value = statistics.median(self.recent)
+        ranked = sorted(self.recent)   # (statistics.median's result, without its ~3 us of Python)
+        half = len(ranked) // 2
+        self.value = ranked[half] if len(ranked) % 2 else (ranked[half - 1] + ranked[half]) / 2
 
 
 class CostModel:
@@ -637,6 +643,7 @@ class CostModel:
         # its calibration: at 2.65 ms, k = 2 looked 1.05x plain and ran at 0.76x.
         self.zero_scale = _Ema()
         self.device_stalls = 0   # first steps of a shape not learnt from: stalled (``observe``)
+        self.drafting_observed = 0   # drafting steps learnt from (a hold at 0 sees none)
         self._target_memo: dict[tuple[int, int], float] = {}
         self._draft_memo: dict[int, float] = {}
         self._target_shapes: set[tuple[int, int]] = set()   # (batch bucket, k verified) seen
@@ -797,6 +804,7 @@ class CostModel:
             pass   # leaving k = 0: the draft's catch-up (priced apart) is no host work of a k
         elif k_verify or k_draft:
             self.drafting_overhead.setdefault(b, _RecentMedian()).add(residual)
+            self.drafting_observed += 1
         else:
             self.overhead.setdefault(b, _RecentMedian()).add(residual)
             if device > 0:
@@ -867,6 +875,19 @@ class KController:
     # plain, 3.5 ms adaptive at k = 0, same kernels): one recheck in batch / 8 steps, not / 16.
     ZERO_RECHECK = 4
     ZERO_RECHECK_ROWS = 8
+    # A clear k = 0 rechecks less often. From ZERO_CLEAR_BATCH rows, when the last full
+    # evaluation put the best drafting k at most ZERO_CLEAR_MARGIN of plain decoding's goodput,
+    # the period is ZERO_CLEAR_STRETCH times longer (at most ZERO_CLEAR_MAX_STEPS, never shorter
+    # than the plain period): the slow inputs above must move ~8% (to HYSTERESIS above plain)
+    # before 0 is left, which they do not do in a few steps. What a drafting step teaches (a
+    # probe's outcomes and step time: ``_evidence``) ends a hold at once, so it is never read late. Measured on the CPU
+    # machine (tiny pair held at 0, T = 0): the periodic evaluations were ~70 us of the adaptive
+    # engine's ~175 us of host work a step at batch 64; on an H100 batch 64 steps host-bound
+    # (~2.4 ms a step), and the held cell read 0.94x plain (2026-12-07).
+    ZERO_CLEAR_BATCH = 16
+    ZERO_CLEAR_MARGIN = 0.95
+    ZERO_CLEAR_STRETCH = 4
+    ZERO_CLEAR_MAX_STEPS = 64
     # The acceptance model learns position j only from verifications of at least j drafts: a
     # position past the current k keeps whatever its first few outcomes said. In a replay of the
     # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
@@ -960,6 +981,8 @@ class KController:
         self._held = 0               # steps held at 0 since the last full evaluation
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
+        self._held_evidence = (0, 0) # and ``_evidence()`` then
+        self._zero_margin = math.inf # and the best drafting k's goodput over plain's (at 0)
         self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
         self.steps_drafting = 0      # steps at k > 0 in one bucket since the last step at 0
         self._drafting_bucket = -1   # ... that bucket
@@ -979,8 +1002,17 @@ class KController:
         return self.mode == "adaptive"
 
     def recheck_every(self, batch: int) -> int:
-        """Steps between full evaluations while held at k = 0 at this batch size."""
-        return max(self.ZERO_RECHECK, batch // self.ZERO_RECHECK_ROWS)
+        """Steps between full evaluations while held at k = 0 at this batch size (longer
+        while 0 is clearly best: ZERO_CLEAR_MARGIN)."""
+        every = max(self.ZERO_RECHECK, batch // self.ZERO_RECHECK_ROWS)
+        if batch >= self.ZERO_CLEAR_BATCH and self._zero_margin <= self.ZERO_CLEAR_MARGIN:
+            every = max(every, min(every * self.ZERO_CLEAR_STRETCH, self.ZERO_CLEAR_MAX_STEPS))
+        return every
+
+    def _evidence(self) -> tuple[int, int]:
+        """Counts of what only drafting steps teach (a probe's): steps whose outcomes the
+        acceptance model recorded, drafting steps the cost model learnt from."""
+        return self.acceptance.recorded, self.cost.drafting_observed if self.cost else 0
 
     def hold_zero(self, batch: int) -> bool:
         """Whether this step stays at k = 0 without a full ``decide``: adaptive, at 0 after a
@@ -993,11 +1025,14 @@ class KController:
         than the time at 0 that pays for it at a large batch) is re-checked at the periodic
         evaluations only: re-checked every step, it cost a full evaluation per step at batch
         256 (3-6 ms of Python on the CPU machine; batch-256 cells at k = 0 read 0.90-0.94x
-        plain on the H100)."""
+        plain on the H100). What a drafting step taught since that evaluation (``_evidence``: a
+        probe's outcomes and step time) ends the hold, except in a k = 0 probe, which holds
+        until its cell is measured."""
         probing = self._probing_zero   # a k = 0 probe holds until measured, not a recheck period
         if (self.current != 0 or self.force is not None or not self.adaptive or self.cost is None
                 or self._held_batch < 0 or self.cost.bucket(batch) != self.cost.bucket(self._held_batch)
                 or self._held >= (self.ZERO_PROBE_STEPS if probing else self.recheck_every(batch) - 1)
+                or (not probing and self._evidence() != self._held_evidence)
                 or (probing and self.cost.samples(batch, 0) >= self._zero_samples_wanted)
                 or (not probing and self.steps_at_zero + 1 >= self.explore_every
                     and not self._probe_waiting)
@@ -1083,6 +1118,9 @@ class KController:
             best = self._deeper(best, goodput, rows)
         self.current = best
         self._held, self._held_batch, self._held_seconds = 0, batch, seconds[0]
+        self._held_evidence = self._evidence()
+        drafting = max(goodput[1:], default=0.0)
+        self._zero_margin = drafting / goodput[0] if best == 0 and goodput[0] > 0 else math.inf
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
@@ -1275,7 +1313,12 @@ class SpecControl:
     without a queued step (async scheduling off), ``plan`` decides in full as before; the
     outcomes are then recorded before it, unless the decision cannot use them (fixed k)."""
 
-    SNAPSHOT_EVERY = 32      # steps between refreshes of the snapshot other threads read
+    # The snapshot other threads read (/debug/state) is refreshed after at least SNAPSHOT_EVERY
+    # steps and SNAPSHOT_SECONDS. Every 32 steps alone it cost ~0.4-0.9 ms of Python each at
+    # batch 64 on the CPU machine (~13 us a step), ~13 refreshes a second of a host-bound H100
+    # batch, for a page a person reads.
+    SNAPSHOT_EVERY = 32
+    SNAPSHOT_SECONDS = 0.5
 
     def __init__(self, k_max: int, mode: str, max_model_len: int, pin_seeded: bool,
                  calibration: Optional[Calibration], zero_runs_ahead: bool = False):
@@ -1283,7 +1326,6 @@ class SpecControl:
         self.controller = KController(k_max, mode, cost)
         self.max_model_len = max_model_len
         self.pin_seeded = pin_seeded and mode == "adaptive"
-        self._steps = 0
         self._fixed: dict[str, tuple[int, Optional[int]]] = {}   # request id -> _fixed_part
         # request id -> (generation phase of the drafts it proposes this step, of those it
         # verifies this step: the phase the step before planned them in)
@@ -1296,6 +1338,8 @@ class SpecControl:
         self.applied: Optional[Decision] = None
         self.decided_ahead = 0   # steps planned from a decision made one step ahead
         self.snapshot: dict = self._snapshot()   # replaced whole, never mutated
+        self._snapshot_at = time.monotonic()
+        self._since_snapshot = 0
 
     def _snapshot(self) -> dict:
         return {**self.controller.snapshot(), "steps_decided_ahead": self.decided_ahead}
@@ -1511,6 +1555,9 @@ class SpecControl:
         if decision is not None:
             stats.spec_predicted_speedup = decision.predicted_speedup
         stats.spec_measured_speedup = ctl.measured_speedup
-        self._steps += 1
-        if self._steps % self.SNAPSHOT_EVERY == 0:
-            self.snapshot = self._snapshot()
+        self._since_snapshot += 1
+        if self._since_snapshot >= self.SNAPSHOT_EVERY:
+            now = time.monotonic()
+            if now - self._snapshot_at >= self.SNAPSHOT_SECONDS:
+                self._since_snapshot, self._snapshot_at = 0, now
+                self.snapshot = self._snapshot()
