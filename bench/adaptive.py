@@ -61,6 +61,11 @@ class AdaptiveSettings:
     ramp_output_len: int
     ramp_rate: float                 # arrivals per plain decode step during the climb
     seed: int = 0
+    # tokens per request of each config's untimed run of a cell's own prompts before its timed
+    # rounds (0: none): a cell's first run at a new batch met first-use costs that the later
+    # rounds did not (H100, 2026-12-07: plain and adaptive both read ~0.7x their later runs in
+    # the first round at batch 256, T = 0, the first cell at that batch)
+    cell_warmup_tokens: int = 16
 
     @property
     def k_max(self) -> int:
@@ -334,6 +339,11 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, s.seed + 1000 * b)
             n = s.output_len_for(b)
+            if s.cell_warmup_tokens > 0:
+                for c in configs:
+                    with _config(engine[c], c, extra_graphs, variants):
+                        generate(engine[c], prompts, t, s.cell_warmup_tokens,
+                                 f"{label}-{c}-{t}-{b}-warm")
             runs: dict[str, list[dict]] = {c: [] for c in configs}
             for i, c in enumerate(order):
                 with _config(engine[c], c, extra_graphs, variants):

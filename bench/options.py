@@ -70,6 +70,7 @@ class BenchOptions:
     adaptive_exact_widths: bool = True      # fixed k verifies at exactly k + 1 (CUDA graphs)
     adaptive_pairs: tuple[str, ...] = ADAPTIVE_PAIRS
     adaptive_repeats: int = 3               # rounds of every configuration per cell and on the ramp
+    adaptive_cell_warmup_tokens: int = 16   # each config's untimed run of a cell's prompts first (0: none)
     adaptive_variants: tuple[str, ...] = () # controller variants run beside adaptive (A/B)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,8 @@ class BenchOptions:
             raise ValueError(f"--adaptive-variants must name some of {', '.join(ADAPTIVE_VARIANTS)}")
         if set(self.serve_clients) - {"httpx", "raw"}:
             raise ValueError("--serve-clients must name some of httpx, raw")
+        if self.adaptive_cell_warmup_tokens < 0:
+            raise ValueError("--adaptive-cell-warmup-tokens must be at least 0")
         if self.adaptive_repeats < 1:
             raise ValueError("--adaptive-repeats must be at least 1")
         if self.adaptive_mid_layers < 1 or self.adaptive_ramp_requests < 1 or self.adaptive_ramp_rate <= 0:
@@ -214,6 +217,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rounds per cell and of the ramp: each runs no-spec, adaptive right after it, "
                         "then every fixed k; the table shows each configuration's median run and the "
                         "medians of the ratios within a round (default 3)")
+    a.add_argument("--adaptive-cell-warmup-tokens", type=int, default=None,
+                   help="tokens per request of each configuration's untimed run of a cell's own "
+                        "prompts before its timed rounds, so first-use costs at a new batch size "
+                        "land outside them (default 16; 0: none)")
     a.add_argument("--adaptive-variants", type=_names, default=None,
                    help=f"A/B: controller variants, of {','.join(ADAPTIVE_VARIANTS)}, each run right "
                         "after adaptive in every repeat and on the ramp, with its own estimates and "

@@ -196,7 +196,8 @@ def header_markdown(env: dict, settings: dict) -> str:
 _COMMON = ("quick", "dtype", "kernel_backend", "ragged_graph_tokens")
 _DECODE = ("execution_mode", "k", "max_model_len", "prompt_len", "output_len", "batch_sizes")
 _ADAPTIVE = ("adaptive_target", "adaptive_pairs", "adaptive_batch_sizes", "adaptive_ks",
-             "adaptive_prompt_len", "adaptive_output_len", "adaptive_repeats", "adaptive_variants")
+             "adaptive_prompt_len", "adaptive_output_len", "adaptive_repeats", "adaptive_variants",
+             "adaptive_cell_warmup_tokens")
 
 
 def _shown_settings(settings: dict) -> tuple[str, ...]:

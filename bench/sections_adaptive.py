@@ -31,7 +31,8 @@ def settings(ctx: BenchContext) -> ad.AdaptiveSettings:
         prompt_len=o.adaptive_prompt_len, output_len=o.adaptive_output_len,
         cell_tokens=o.adaptive_cell_tokens, mid_layers=o.adaptive_mid_layers,
         late_scale=o.adaptive_late_scale, ramp_requests=o.adaptive_ramp_requests,
-        ramp_output_len=o.adaptive_ramp_output_len, ramp_rate=o.adaptive_ramp_rate, seed=o.seed)
+        ramp_output_len=o.adaptive_ramp_output_len, ramp_rate=o.adaptive_ramp_rate, seed=o.seed,
+        cell_warmup_tokens=o.adaptive_cell_warmup_tokens)
 
 
 def _shapes(ctx: BenchContext) -> tuple[shapes.ModelShape, shapes.ModelShape]:
@@ -254,7 +255,8 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         f"Tokens/s of the decode phase (from the step in which every request had its first token); "
         f"prompts of {s.prompt_len} random ids, max(output_len {s.output_len}, {s.cell_tokens} / batch) "
         "tokens per request, ignore_eos, unseeded (seeded sampled requests are pinned to k = 0). "
-        f"A warm-up per configuration and temperature, then in each cell "
+        f"A warm-up per configuration and temperature, then in each cell an untimed run of "
+        f"each configuration over the cell's prompts ({s.cell_warmup_tokens} tokens each) and "
         f"{ctx.opts.adaptive_repeats} rounds of: no speculation and adaptive side by side, then "
         "every fixed k. Each configuration shows its median run (the best fixed k: the best "
         "median); ad/no-spec is the median of the paired ratios (each adaptive run over the "
