@@ -875,19 +875,8 @@ class KController:
     # plain, 3.5 ms adaptive at k = 0, same kernels): one recheck in batch / 8 steps, not / 16.
     ZERO_RECHECK = 4
     ZERO_RECHECK_ROWS = 8
-    # A clear k = 0 rechecks less often. From ZERO_CLEAR_BATCH rows, when the last full
-    # evaluation put the best drafting k at most ZERO_CLEAR_MARGIN of plain decoding's goodput,
-    # the period is ZERO_CLEAR_STRETCH times longer (at most ZERO_CLEAR_MAX_STEPS, never shorter
-    # than the plain period): the slow inputs above must move ~8% (to HYSTERESIS above plain)
-    # before 0 is left, which they do not do in a few steps. What a drafting step teaches (a
-    # probe's outcomes and step time: ``_evidence``) ends a hold at once, so it is never read late. Measured on the CPU
-    # machine (tiny pair held at 0, T = 0): the periodic evaluations were ~70 us of the adaptive
-    # engine's ~175 us of host work a step at batch 64; on an H100 batch 64 steps host-bound
-    # (~2.4 ms a step), and the held cell read 0.94x plain (2026-12-07).
-    ZERO_CLEAR_BATCH = 16
-    ZERO_CLEAR_MARGIN = 0.95
-    ZERO_CLEAR_STRETCH = 4
-    ZERO_CLEAR_MAX_STEPS = 64
+    # What a drafting step teaches (a probe's outcomes and step time: ``_evidence``) is no slow
+    # input: it ends a hold at once, so it is never read a period late.
     # The acceptance model learns position j only from verifications of at least j drafts: a
     # position past the current k keeps whatever its first few outcomes said. In a replay of the
     # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
@@ -982,7 +971,6 @@ class KController:
         self._held_batch = -1        # the batch size of that evaluation
         self._held_seconds = 0.0     # and its predicted step time at k = 0
         self._held_evidence = (0, 0) # and ``_evidence()`` then
-        self._zero_margin = math.inf # and the best drafting k's goodput over plain's (at 0)
         self.steps_at_k = 0          # steps at the current k > 0 since it was chosen or passed
         self.steps_drafting = 0      # steps at k > 0 in one bucket since the last step at 0
         self._drafting_bucket = -1   # ... that bucket
@@ -1002,12 +990,8 @@ class KController:
         return self.mode == "adaptive"
 
     def recheck_every(self, batch: int) -> int:
-        """Steps between full evaluations while held at k = 0 at this batch size (longer
-        while 0 is clearly best: ZERO_CLEAR_MARGIN)."""
-        every = max(self.ZERO_RECHECK, batch // self.ZERO_RECHECK_ROWS)
-        if batch >= self.ZERO_CLEAR_BATCH and self._zero_margin <= self.ZERO_CLEAR_MARGIN:
-            every = max(every, min(every * self.ZERO_CLEAR_STRETCH, self.ZERO_CLEAR_MAX_STEPS))
-        return every
+        """Steps between full evaluations while held at k = 0 at this batch size."""
+        return max(self.ZERO_RECHECK, batch // self.ZERO_RECHECK_ROWS)
 
     def _evidence(self) -> tuple[int, int]:
         """Counts of what only drafting steps teach (a probe's): steps whose outcomes the
@@ -1119,8 +1103,6 @@ class KController:
         self.current = best
         self._held, self._held_batch, self._held_seconds = 0, batch, seconds[0]
         self._held_evidence = self._evidence()
-        drafting = max(goodput[1:], default=0.0)
-        self._zero_margin = drafting / goodput[0] if best == 0 and goodput[0] > 0 else math.inf
         ks = [min(r.pinned if r.pinned is not None else best, r.budget) for r in rows]
         speedup = goodput[best] / goodput[0] if goodput[0] > 0 else None
         return self._keep(Decision(ks, best, speedup, goodput))
