@@ -64,7 +64,10 @@ class AdaptiveSettings:
     # tokens per request of each config's untimed run of a cell's own prompts before its timed
     # rounds (0: none): a cell's first run at a new batch met first-use costs that the later
     # rounds did not (H100, 2026-12-07: plain and adaptive both read ~0.7x their later runs in
-    # the first round at batch 256, T = 0, the first cell at that batch)
+    # the first round at batch 256, T = 0, the first cell at that batch). The adaptive
+    # controller also learns from it (k = 0 step times at the new batch, the first phase's
+    # outcomes), as it learns from each round before the next: round 1 then starts as the
+    # later rounds do.
     cell_warmup_tokens: int = 16
 
     @property
@@ -319,7 +322,9 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
     and the "adaptive:<name>" keys of ``variants`` (run like adaptive, right after it).
 
     "plain" runs on ``plain_core`` when given (an engine without a draft), the others on
-    ``core``. Each cell runs ``repeats`` rounds; in each, plain and adaptive run first, side by
+    ``core``. Each cell first runs every config once over its prompts, untimed
+    (``cell_warmup_tokens``; adaptive learns from it too), then ``repeats`` rounds; in each,
+    plain and adaptive run first, side by
     side, then every fixed k: on a noisy host a ratio of two runs seconds apart means more than
     one of runs minutes apart. Every config shows its median run, with every run's tok/s in
     ``runs`` (in round order); adaptive adds ``over_plain_runs``, the ratio of each adaptive

@@ -255,9 +255,10 @@ def _notes(ctx: BenchContext, data: dict, s: ad.AdaptiveSettings, tshape, dshape
         f"Tokens/s of the decode phase (from the step in which every request had its first token); "
         f"prompts of {s.prompt_len} random ids, max(output_len {s.output_len}, {s.cell_tokens} / batch) "
         "tokens per request, ignore_eos, unseeded (seeded sampled requests are pinned to k = 0). "
-        f"A warm-up per configuration and temperature, then in each cell an untimed run of "
-        f"each configuration over the cell's prompts ({s.cell_warmup_tokens} tokens each) and "
-        f"{ctx.opts.adaptive_repeats} rounds of: no speculation and adaptive side by side, then "
+        f"A warm-up per configuration and temperature, then in each cell "
+        + (f"an untimed run of each configuration over the cell's prompts ({s.cell_warmup_tokens} "
+           "tokens each; adaptive learns from it too) and " if s.cell_warmup_tokens > 0 else "")
+        + f"{ctx.opts.adaptive_repeats} rounds of: no speculation and adaptive side by side, then "
         "every fixed k. Each configuration shows its median run (the best fixed k: the best "
         "median); ad/no-spec is the median of the paired ratios (each adaptive run over the "
         "no-spec run just before it) and ad/best k the median of each adaptive run over the best "

@@ -1288,3 +1288,25 @@ def test_new_outcomes_end_a_hold_at_once():
         ks = _steps_after_the_draft_turns_good(batch, seen_by_hold=True)
         assert ks[0] > 0, batch
 
+
+
+def test_a_drafting_steps_time_alone_ends_a_hold_at_once():
+    """The cost model's side of the evidence: a drafting step learnt from (a probe's step time,
+    with no outcome recorded) ends a hold at the next step too."""
+    ctl = _trained(0.05, 0, 200)
+    assert _engine_step(ctl, 64) == 0 and ctl.hold_zero(64)
+    ctl.cost.observe(64, 1, 0, 0.012)        # the step that verified a probe's draft
+    assert not ctl.hold_zero(64)
+
+
+def test_the_debug_snapshot_refreshes_when_the_engine_goes_idle():
+    """/debug/state reads a snapshot refreshed at most every SNAPSHOT_EVERY steps and
+    SNAPSHOT_SECONDS; the step that leaves nothing running or waiting refreshes it at once, so
+    a short burst shows when it ends."""
+    sc = SpecControl(K, "adaptive", 4096, False, _cal(1.0))
+    before = sc.snapshot
+    sc.controller.current = 3
+    sc.after_step([], StepStats(num_running=2))
+    assert sc.snapshot is before
+    sc.after_step([], StepStats(num_running=0, num_waiting=0))
+    assert sc.snapshot is not before and sc.snapshot["current_k"] == 3
