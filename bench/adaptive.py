@@ -337,18 +337,19 @@ def measure_grid(core: EngineCore, s: AdaptiveSettings, label: str, configs: lis
     out: dict = {c: {} for c in configs}
     engine, paired, order = _run_plan(core, plain_core, configs, repeats)
     warm = random_prompts(min(4, max(s.batch_sizes)), s.prompt_len, vocab, s.seed + 999)
-    for t in s.temperatures:
-        for c in configs:        # a short warm-up per configuration and temperature
+
+    def untimed(prompts: list[list[int]], t: float, tokens: int, tag: str) -> None:
+        for c in configs:
             with _config(engine[c], c, extra_graphs, variants):
-                generate(engine[c], warm, t, 8, f"{label}-{c}-warm-{t}")
+                generate(engine[c], prompts, t, tokens, f"{label}-{c}-{tag}")
+
+    for t in s.temperatures:
+        untimed(warm, t, 8, f"warm-{t}")   # a short warm-up per configuration and temperature
         for b in s.batch_sizes:
             prompts = random_prompts(b, s.prompt_len, vocab, s.seed + 1000 * b)
             n = s.output_len_for(b)
             if s.cell_warmup_tokens > 0:
-                for c in configs:
-                    with _config(engine[c], c, extra_graphs, variants):
-                        generate(engine[c], prompts, t, s.cell_warmup_tokens,
-                                 f"{label}-{c}-{t}-{b}-warm")
+                untimed(prompts, t, s.cell_warmup_tokens, f"{t}-{b}-warm")
             runs: dict[str, list[dict]] = {c: [] for c in configs}
             for i, c in enumerate(order):
                 with _config(engine[c], c, extra_graphs, variants):

@@ -873,10 +873,10 @@ class KController:
     # ~7.5 ms with the host as the bottleneck (cells at k = 0 read 0.89-0.95x plain). At batch
     # 64 and T = 1 the H100 steps are host-bound too (2.36 ms of kernels a step, 3.1 ms a step
     # plain, 3.5 ms adaptive at k = 0, same kernels): one recheck in batch / 8 steps, not / 16.
-    ZERO_RECHECK = 4
-    ZERO_RECHECK_ROWS = 8
     # What a drafting step teaches (a probe's outcomes and step time: ``_evidence``) is no slow
     # input: it ends a hold at once, so it is never read a period late.
+    ZERO_RECHECK = 4
+    ZERO_RECHECK_ROWS = 8
     # The acceptance model learns position j only from verifications of at least j drafts: a
     # position past the current k keeps whatever its first few outcomes said. In a replay of the
     # H100 trace (0.76 acceptance at every position) one rejection at position 2 read it at 0.67
@@ -1296,9 +1296,10 @@ class SpecControl:
     outcomes are then recorded before it, unless the decision cannot use them (fixed k)."""
 
     # The snapshot other threads read (/debug/state) is refreshed after at least SNAPSHOT_EVERY
-    # steps and SNAPSHOT_SECONDS, and after a step that leaves no request running or waiting. Every 32 steps alone it cost ~0.4-0.9 ms of Python each at
-    # batch 64 on the CPU machine (~13 us a step), ~13 refreshes a second of a host-bound H100
-    # batch, for a page a person reads.
+    # steps and SNAPSHOT_SECONDS, and after a step that leaves no request running or waiting.
+    # Every 32 steps alone it cost ~0.4-0.9 ms of Python each at batch 64 on the CPU machine
+    # (~13 us a step), ~13 refreshes a second of a host-bound H100 batch, for a page a person
+    # reads.
     SNAPSHOT_EVERY = 32
     SNAPSHOT_SECONDS = 0.5
 
@@ -1539,8 +1540,7 @@ class SpecControl:
         stats.spec_measured_speedup = ctl.measured_speedup
         self._since_snapshot += 1
         idle = stats.num_running + stats.num_waiting == 0   # a burst's last step: show it now
-        if self._since_snapshot >= self.SNAPSHOT_EVERY or idle:
-            now = time.monotonic()
-            if idle or now - self._snapshot_at >= self.SNAPSHOT_SECONDS:
-                self._since_snapshot, self._snapshot_at = 0, now
-                self.snapshot = self._snapshot()
+        if idle or (self._since_snapshot >= self.SNAPSHOT_EVERY
+                    and time.monotonic() - self._snapshot_at >= self.SNAPSHOT_SECONDS):
+            self._since_snapshot, self._snapshot_at = 0, time.monotonic()
+            self.snapshot = self._snapshot()
