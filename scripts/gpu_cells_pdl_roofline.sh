@@ -6,7 +6,9 @@
 # its roofline and the compiled peer). Everything lands in $OUT/results.tgz; the two bench reports
 # also loose.
 # With EXTRAS=h200, parts (1) and (3) run only on an H200 (an H100 repeat of them is not needed).
-#   [EXTRAS=h200] bash scripts/gpu_cells_pdl_roofline.sh
+# CELLS_PAIRS / CELLS_BATCHES / CELLS_KS / CELLS_REPEATS pick part (2)'s grid (defaults: the
+# truncated pair at batch 64 and 256, k 1-4 and 8, five rounds).
+#   [EXTRAS=h200] [CELLS_PAIRS=self,unrelated CELLS_BATCHES=1,16,64] bash scripts/gpu_cells_pdl_roofline.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 OUT="$OUT" bash scripts/gpu_run.sh none > /dev/null 2>&1
@@ -22,8 +24,10 @@ if [[ $extras == 1 ]]; then
 fi
 echo "== (2) adaptive cells"
 timeout "${CELLS_TIMEOUT:-300}" python3 -m specserve.bench.cli --out /tmp/bench_ad --sections adaptive \
-  --adaptive-pairs mid --adaptive-batch-sizes 64,256 --adaptive-ks 1,2,3,4,8 --adaptive-repeats 5 2>&1 \
-  | grep -v "Triton kernel variant" > "$R/bench_adaptive.log"; grep "adaptive mid\|ramp" "$R/bench_adaptive.log" | tail -8
+  --adaptive-pairs "${CELLS_PAIRS:-mid}" --adaptive-batch-sizes "${CELLS_BATCHES:-64,256}" \
+  --adaptive-ks "${CELLS_KS:-1,2,3,4,8}" --adaptive-repeats "${CELLS_REPEATS:-5}" 2>&1 \
+  | grep -v "Triton kernel variant" > "$R/bench_adaptive.log"
+grep "adaptive \(mid\|self\|unrelated\)\|ramp" "$R/bench_adaptive.log" | tail -8
 cp /tmp/bench_ad/bench.md "$OUT/bench_adaptive.md" 2>/dev/null; cp -r /tmp/bench_ad "$R/" 2>/dev/null
 if [[ $extras == 1 ]]; then
   echo "== (3) roofline"
