@@ -28,6 +28,10 @@ and a program picks one copy by its row's T.
   races its row instead (stream SAMPLE, as plain sampling does). So probabilistic
   verification draws random numbers for at most one row per request, and one number for a
   drafting request's last token.
+* ``verify_pass_kernel`` (grid [rows x chunks + requests x chunks], 1-D): the two kernels
+  above and finalize below in one launch, each race program waiting on a per-request count
+  of finished row programs instead of on the kernel boundary, and a request's last race
+  program doing its finalize work (``Tuning.fused_race``).
 * ``finalize_kernel`` (grid [requests]): greedy / strict acceptance; for a drafting request
   (probabilistic) the second level of the search (the tile sums' running total picks a tile,
   which is recomputed and scanned); a plain row's race winner otherwise; writes the padded
@@ -165,6 +169,17 @@ def _reduce_best(best, idx):
 
 
 @triton.jit
+def _ld(ptr, mask, other, CG: tl.constexpr):
+    """tl.load, past the SM's L1 with CG (".cg"): for what another program of the same launch
+    wrote (verify_pass_kernel), where L1 may hold a line that another program on this SM
+    loaded before the write."""
+    if CG:
+        return tl.load(ptr, mask=mask, other=other, cache_modifier=".cg")
+    else:
+        return tl.load(ptr, mask=mask, other=other)
+
+
+@triton.jit
 def _combine_softmax(m_ptr, s_ptr, base, C, CP: tl.constexpr):
     """Row max and sum of exp(x - max) from per-chunk partials."""
     i = tl.arange(0, CP)
@@ -175,11 +190,12 @@ def _combine_softmax(m_ptr, s_ptr, base, C, CP: tl.constexpr):
 
 
 @triton.jit
-def _combine_argmax(v_ptr, i_ptr, base, C, CP: tl.constexpr):
-    """(index, value) of the best per-chunk partial; ties -> lowest index."""
+def _combine_argmax(v_ptr, i_ptr, base, C, CP: tl.constexpr, CG: tl.constexpr = False):
+    """(index, value) of the best per-chunk partial; ties -> lowest index (CG: loads past L1,
+    _ld)."""
     i = tl.arange(0, CP)
-    v = tl.load(v_ptr + base + i, mask=i < C, other=NEG_INF)
-    ix = tl.load(i_ptr + base + i, mask=i < C, other=BIG_IDX)
+    v = _ld(v_ptr + base + i, i < C, NEG_INF, CG)
+    ix = _ld(i_ptr + base + i, i < C, BIG_IDX, CG)
     b, idx = _reduce_best(v, ix)
     return idx, b
 
@@ -425,8 +441,21 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     sampled row races; LAST: the row of each request without drafts races (plain sampling; the
     same race final_race_kernel would run on it)."""
     after_producer(PDL)
-    row = tl.program_id(0)
-    c = tl.program_id(1)
+    _row_program(tl.program_id(0), tl.program_id(1), logits_ptr, stride, V, chunk, C, cu_ptr, B,
+                 temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr, part_m, part_s,
+                 part_rv, part_ri, part_gv, part_gi, row_thr, stream, HAS_CU, RACE, LAST, NB,
+                 BLOCK, NT, SBLOCK, TILES, UNROLL, SPLIT, PREFETCH)
+
+
+@triton.jit
+def _row_program(row, c, logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
+                 temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
+                 part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr,
+                 stream, HAS_CU: tl.constexpr, RACE: tl.constexpr, LAST: tl.constexpr,
+                 NB: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr,
+                 SBLOCK: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
+                 SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+    """Row pass program (row, c) (row_pass_kernel's docstring); returns the row's request."""
     req, j, k_b = _row_meta(cu_ptr, B, row, HAS_CU, NB)
     T = tl.load(temp_ptr + req)
     top_k = tl.load(topk_ptr + req)
@@ -487,6 +516,7 @@ def row_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     tl.store(part_ri + out, r_i)
     tl.store(part_gv + out, g_v)
     tl.store(part_gi + out, g_i)
+    return req
 
 
 @triton.jit
@@ -519,22 +549,23 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
 @triton.jit
 def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr, V,
                 part_m, part_s, row_thr, HAS_Q: tl.constexpr, CP: tl.constexpr,
-                KP: tl.constexpr):
+                KP: tl.constexpr, CG: tl.constexpr = False):
     """The same tests as _accept_count, all k_b at once (lanes j < KP, KP > k_b): no chain of
     dependent loads per draft. Returns (n accepted, and the max, sum and threshold of row n,
-    the raced row)."""
+    the raced row). CG: the partials are loaded past L1 (_ld; they were written in the same
+    launch)."""
     j = tl.arange(0, KP)
     has_row = j <= k_b
     live = j < k_b
     rows = row0 + j
     i = tl.arange(0, CP)
     pm = has_row[:, None] & (i[None, :] < C)
-    m = tl.load(part_m + rows[:, None] * C + i[None, :], mask=pm, other=NEG_INF)    # [KP, CP]
-    s = tl.load(part_s + rows[:, None] * C + i[None, :], mask=pm, other=0.0)
+    m = _ld(part_m + rows[:, None] * C + i[None, :], pm, NEG_INF, CG)             # [KP, CP]
+    s = _ld(part_s + rows[:, None] * C + i[None, :], pm, 0.0, CG)
     mx = tl.max(m, 1)
     mxs = tl.where(mx == NEG_INF, 0.0, mx)                               # rows past k_b
     S = tl.sum(tl.where(m == NEG_INF, 0.0, s * _exp(m - mxs[:, None])), 1)
-    thr = tl.load(row_thr + rows, mask=has_row, other=0.0)
+    thr = _ld(row_thr + rows, has_row, 0.0, CG)
     xj = tl.load(drafts_ptr + c0 + j, mask=live, other=0)
     z = tl.load(logits_ptr + rows.to(tl.int64) * stride + xj, mask=live, other=0.0).to(tl.float32)
     if T != 1.0:
@@ -631,9 +662,22 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
     row instead (into ``rec_v`` / ``rec_i``). Chunk 0 stores the accepted count and the
     deciding row's max, sum and threshold (``row_stat`` [3, requests]) for finalize_kernel."""
     after_producer(PDL)
-    b = tl.program_id(0)
-    c = tl.program_id(1)
-    nb = tl.num_programs(0)
+    _race_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), logits_ptr, stride, V,
+                  chunk, C, CR, cu_ptr, drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m,
+                  part_s, row_thr, rec_v, rec_i, n_acc_ptr, row_stat, tile_sums, HAS_Q, CP, TP,
+                  BLOCK, TILES, KP, PARALLEL, UNROLL, False)
+
+
+@triton.jit
+def _race_program(b, c, nb, logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
+                  drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
+                  rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
+                  HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
+                  BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
+                  PARALLEL: tl.constexpr, UNROLL: tl.constexpr, CG: tl.constexpr):
+    """Final race program (b, c) of ``nb`` requests (final_race_kernel's docstring); CG: the
+    partials are loaded past L1 (_ld; only the parallel tests are fused, so the serial ones
+    take no CG)."""
     T = tl.load(temp_ptr + b)
     if T != 0.0:
         c0 = tl.load(cu_ptr + b)
@@ -644,7 +688,7 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
         if PARALLEL:
             n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
                                         drafts_ptr, q_ptr, V, part_m, part_s, row_thr, HAS_Q,
-                                        CP, KP)
+                                        CP, KP, CG)
         else:
             n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
                               q_ptr, V, part_m, part_s, row_thr, HAS_Q, CP)
@@ -678,22 +722,88 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
             tl.store(rec_i + b * CR + c, j)
 
 
+@triton.jit(do_not_specialize=["C", "B", "CR", "NROW", "CAP", "W", "NTILES"])
+def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
+                       temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
+                       part_m, part_s, part_rv, part_ri, part_gv, part_gi, row_thr, stream,
+                       race_chunk, CR, drafts_ptr, q_ptr, rec_v, rec_i, n_acc_ptr, row_stat,
+                       tile_sums, counts, CAP, NROW, out_ptr, W, NTILES,
+                       NB: tl.constexpr, BLOCK: tl.constexpr, NT: tl.constexpr,
+                       SBLOCK: tl.constexpr, TILES: tl.constexpr, UNROLL: tl.constexpr,
+                       SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HAS_Q: tl.constexpr,
+                       CP: tl.constexpr, TP: tl.constexpr, RBLOCK: tl.constexpr,
+                       RTILES: tl.constexpr, KP: tl.constexpr, RUNROLL: tl.constexpr,
+                       CRP: tl.constexpr, WP: tl.constexpr, PDL: tl.constexpr = False):
+    """A probabilistic verification in one launch (grid [NROW + B CR], 1-D): the row pass,
+    the final race and finalize. Programs below NROW are row pass programs (row, chunk),
+    chunk fastest, so a request's rows finish together and early requests first; the rest are
+    final race programs (request, chunk), request-major. A row program adds one to its
+    request's count ``counts[req]`` once its partials are stored (release); a race program
+    waits until its request's count reaches (k_b + 1) C (acquire), so it starts while later
+    requests' rows still stream, not after the whole row pass and a kernel boundary. Past its
+    work a race program adds one to ``counts[CAP + req]`` (acquire and release); the last of
+    a request's CR sets both counts back to zero (every program of the request is past its
+    wait: the next launch finds them zero, with no memset) and runs finalize's work for the
+    request, which then waits for no other request. What a program reads of what others wrote
+    in this launch (partials, the race's sums and counts) it reads past L1 (".cg").
+
+    The wait needs every row program to be placed on an SM before any race program that waits
+    on it occupies one: the GPU places a grid's programs in order of their linear index, and
+    the row programs come first (the single-pass scans' assumption); under the CPU interpreter
+    programs run one after another in that order, so no race program ever waits. The same
+    tokens as the two kernels: the same program bodies, the same partials."""
+    after_producer(PDL)
+    pid = tl.program_id(0)
+    if pid < NROW:
+        row = pid // C
+        c = pid - row * C
+        req = _row_program(row, c, logits_ptr, stride, V, chunk, C, cu_ptr, B, temp_ptr, topk_ptr,
+                           topp_ptr, minp_ptr, seed_ptr, pos_ptr, part_m, part_s, part_rv,
+                           part_ri, part_gv, part_gi, row_thr, stream, True, False, False, NB,
+                           BLOCK, NT, SBLOCK, TILES, UNROLL, SPLIT, PREFETCH)
+        tl.debug_barrier()                 # every thread's stores happen before the arrival
+        tl.atomic_add(counts + req, 1, sem="release", scope="gpu")
+    else:
+        r = pid - NROW
+        b = r // CR
+        c = r - b * CR
+        need = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b) + 1) * C
+        seen = tl.atomic_add(counts + b, 0, sem="acquire", scope="gpu")
+        while seen < need:
+            seen = tl.atomic_add(counts + b, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        _race_program(b, c, B, logits_ptr, stride, V, race_chunk, C, CR, cu_ptr, drafts_ptr,
+                      q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr, rec_v, rec_i,
+                      n_acc_ptr, row_stat, tile_sums, HAS_Q, CP, TP, RBLOCK, RTILES, KP, True,
+                      RUNROLL, True)
+        tl.debug_barrier()                 # every thread's stores happen before the arrival
+        passed = tl.atomic_add(counts + CAP + b, 1, sem="acq_rel", scope="gpu")
+        if passed == CR - 1:               # every race program of b is done
+            tl.atomic_xchg(counts + b, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(counts + CAP + b, 0, sem="relaxed", scope="gpu")
+            _finalize_program(b, B, logits_ptr, stride, V, cu_ptr, drafts_ptr, q_ptr, temp_ptr,
+                              seed_ptr, pos_ptr, part_rv, part_ri, part_gv, part_gi, rec_v,
+                              rec_i, n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR, NTILES,
+                              False, HAS_Q, CP, CRP, TP, RBLOCK, WP, False, True)
+
+
 @triton.jit
 def _recover(logits_ptr, stride, V: tl.constexpr, q_ptr, drafts_ptr, b, nb, c0, row, n, k_b,
              T, seed, pos, row_stat, tile_sums, NTILES, HAS_Q: tl.constexpr, TP: tl.constexpr,
-             BLOCK: tl.constexpr):
+             BLOCK: tl.constexpr, CG: tl.constexpr = False):
     """The last token of drafting request b, recovered after a rejection (``n < k_b``) or the
     bonus token (kernels.ref_sampling ``inverse_cdf`` / ``recover``): the tile sums' running
     total picks the tile that ``u`` times the total falls in, a running total over that one
     tile (recomputed with the race kernel's ops) picks the entry. Sums, totals and the target are
-    fp64, with a 52-bit ``u`` (``_uniform52``), as in the twin."""
-    mx = tl.load(row_stat + b)
-    S = tl.load(row_stat + nb + b)
-    thr = tl.load(row_stat + 2 * nb + b)
+    fp64, with a 52-bit ``u`` (``_uniform52``), as in the twin. CG: what the final race wrote
+    is loaded past L1 (_ld)."""
+    mx = _ld(row_stat + b, None, None, CG)
+    S = _ld(row_stat + nb + b, None, None, CG)
+    thr = _ld(row_stat + 2 * nb + b, None, None, CG)
     i = tl.arange(0, TP)
     live = i < NTILES
-    sr = tl.load(tile_sums + b * TP + i, mask=live, other=0.0)
-    sw = tl.load(tile_sums + (nb + b) * TP + i, mask=live, other=0.0)
+    sr = _ld(tile_sums + b * TP + i, live, 0.0, CG)
+    sw = _ld(tile_sums + (nb + b) * TP + i, live, 0.0, CG)
     empty = tl.max(sr, 0) <= 0.0                     # no positive residual: fall back to p
     sums = tl.where(empty, sw, sr)
     target = _uniform52(seed, pos, 3) * tl.sum(sums, 0)
@@ -727,7 +837,21 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
     padded output row. A request without drafts reads no accepted count (with LAST no request
     has drafts, and final_race_kernel is not launched)."""
     after_producer(PDL)
-    b = tl.program_id(0)
+    _finalize_program(tl.program_id(0), tl.num_programs(0), logits_ptr, stride, V, cu_ptr,
+                      drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_rv, part_ri, part_gv,
+                      part_gi, rec_v, rec_i, n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR,
+                      NTILES, STRICT, HAS_Q, CP, CRP, TP, BLOCK, WP, LAST, False)
+
+
+@triton.jit
+def _finalize_program(b, nb, logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_ptr,
+                      temp_ptr, seed_ptr, pos_ptr, part_rv, part_ri, part_gv, part_gi, rec_v,
+                      rec_i, n_acc_ptr, row_stat, tile_sums, out_ptr, W, C, CR, NTILES,
+                      STRICT: tl.constexpr, HAS_Q: tl.constexpr, CP: tl.constexpr,
+                      CRP: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr,
+                      WP: tl.constexpr, LAST: tl.constexpr, CG: tl.constexpr):
+    """Finalize program b of ``nb`` requests (finalize_kernel's docstring); CG: the row pass's
+    and the final race's outputs are loaded past L1 (_ld)."""
     T = tl.load(temp_ptr + b)
     greedy = T == 0.0
     c0 = tl.load(cu_ptr + b)
@@ -738,27 +862,27 @@ def finalize_kernel(logits_ptr, stride, V: tl.constexpr, cu_ptr, drafts_ptr, q_p
         n = tl.full([], 0, tl.int32)
         go = k_b > 0
         while go:
-            tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP)
-            tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
+            tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP, CG)
+            tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP, CG)
             t = tl.where(greedy, tg, tr)
             ok = t.to(tl.int64) == tl.load(drafts_ptr + c0 + n)
             n = n + ok.to(tl.int32)
             go = ok & (n < k_b)
-        tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP)
-        tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
+        tg, _vg = _combine_argmax(part_gv, part_gi, (row0 + n) * C, C, CP, CG)
+        tr, _vr = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP, CG)
         tok = tl.where(greedy, tg, tr)
     else:
         n = tl.full([], 0, tl.int32)
         if k_b > 0:
-            n = tl.load(n_acc_ptr + b)
+            n = _ld(n_acc_ptr + b, None, None, CG)
         if k_b > 0:                                   # recovered (n < k_b) or bonus token
-            tok = _recover(logits_ptr, stride, V, q_ptr, drafts_ptr, b, tl.num_programs(0), c0,
+            tok = _recover(logits_ptr, stride, V, q_ptr, drafts_ptr, b, nb, c0,
                            row0 + n, n, k_b, T, tl.load(seed_ptr + b), tl.load(pos_ptr + b) + n,
-                           row_stat, tile_sums, NTILES, HAS_Q, TP, BLOCK)
+                           row_stat, tile_sums, NTILES, HAS_Q, TP, BLOCK, CG)
         elif LAST:                                    # a plain row raced in the row pass
-            tok, _v = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP)
+            tok, _v = _combine_argmax(part_rv, part_ri, (row0 + n) * C, C, CP, CG)
         else:
-            tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP)
+            tok, _v = _combine_argmax(rec_v, rec_i, b * CR, CR, CRP, CG)
     cols = tl.arange(0, WP)
     dr = tl.load(drafts_ptr + c0 + cols, mask=cols < n, other=0)
     val = tl.where(cols < n, dr, tl.where(cols == n, tok.to(tl.int64), -1))

@@ -68,6 +68,11 @@ class Tuning:
     * ``prefetch``: the row pass issues each step's loads one step ahead, so they are in flight
       while the thread works on the step before (the same arithmetic in the same order; one
       more block of logits held in registers).
+    * ``fused_race``: a probabilistic verification runs its row pass, final race and finalize
+      as one launch (``verify_pass_kernel``): a request's race programs start once its own rows
+      are done, while later requests' rows still stream, instead of after the whole row pass,
+      and its last race program finalizes it (the same program bodies, partials and tokens). Needs ``parallel_accept``; calls on one device
+      must not overlap (the engine samples on one stream): they share the per-request counts.
 
     ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
@@ -84,6 +89,7 @@ class Tuning:
     plain_row_race: bool = True
     pdl: bool = False
     prefetch: bool = False
+    fused_race: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -104,7 +110,12 @@ class Tuning:
 # and 0.99x at B = 256; at B = 1, k = 3 it cost 3 us more (12 -> 15 us), and draft sampling
 # (LEGACY's shape) lost at B >= 8 (1.07-1.24x). So the wide verification tuning has it; NARROW
 # (under WIDE_ROWS rows) with PDL has not been timed (`--sweep --only narrow,narrow+pdl`).
-DEFAULT = Tuning(pdl=True)
+# fused_race: measured on an H100 (2026-12-07, docs/bench-h100/fused-race-2026-12-07, the sweep
+# with the row pass and final race fused and finalize still apart, two runs): with prefetch it
+# took 0.96-0.97x the separate kernels' time at B = 64 (k = 3, 5, 8; 256-576 rows) and 0.91-0.94x
+# at B = 256, without prefetch 0.98x / 0.95-0.98x; at B = 8 it was mixed (k = 3: 1.04-1.24x,
+# k = 8: 0.90x). So every verification from WIDE_ROWS runs fused.
+DEFAULT = Tuning(pdl=True, fused_race=True)
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
                 plain_row_race=False)
@@ -126,7 +137,10 @@ WIDE_ROWS = 32
 # prefetch in one process, docs/bench-h200/sampler-prefetch): 0.95-0.97x the time at B = 256
 # (1,024-2,304 rows, every k of 3, 5, 8, both runs); per run level to 1.10x at B = 64 (256-576
 # rows) and 1.01-1.18x at B = 8. So from 1,024 rows only.
-PREFETCH_ROWS = 1024
+# Fused (fused_race, the H100 sweep above), prefetch paid from 256 rows: 0.95-0.99x the time of
+# the fused launch without it at B = 64 and 256, but 0.93-1.12x at B = 8 (32-72 rows). So from
+# 256 rows now (1,024 before the fusion).
+PREFETCH_ROWS = 256
 WIDE_PREFETCH = replace(DEFAULT, prefetch=True)
 DRAFT_TUNING = LEGACY
 FINALIZE_WARPS = 4  # finalize_kernel: a recovery scans one BLOCK-entry tile of the rejected row
@@ -251,9 +265,10 @@ def _params(dev: torch.device, temperature, top_k, top_p, min_p, seeds, position
 
 def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, params,
               stream: int, has_cu: bool, race: bool, split: bool,
-              last: bool = False, pdl: bool = False, prefetch: bool = False) -> _Partials:
+              last: bool = False, pdl: bool = False, prefetch: bool = False,
+              part: Optional[_Partials] = None) -> _Partials:
     rows, vocab = logits.shape
-    part = _Partials(rows, pl.num_chunks, logits.device)
+    part = part or _Partials(rows, pl.num_chunks, logits.device)
     K.row_pass_kernel[(rows, pl.num_chunks)](
         logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
         part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, stream,
@@ -262,6 +277,50 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
         UNROLL=pl.unroll, SPLIT=split, PDL=pdl, PREFETCH=prefetch, num_warps=pl.num_warps,
         **triton_pdl.launch_options(pdl))
     return part
+
+
+# Per-request counts of verify_pass_kernel: [2, RACE_COUNTS] int32 per device, zero between
+# launches (each launch sets the counts it used back to zero), allocated once and never
+# replaced, as captured CUDA graphs keep its address. A batch of more requests, or a first call
+# inside a graph capture (no allocation there), runs the two kernels instead.
+RACE_COUNTS = 8192
+_race_count_buffers: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _race_counts(dev: torch.device, num_reqs: int) -> Optional[torch.Tensor]:
+    if num_reqs > RACE_COUNTS:
+        return None
+    index = dev.index if dev.index is not None else (
+        torch.cuda.current_device() if dev.type == "cuda" else 0)
+    key = (dev.type, index)
+    counts = _race_count_buffers.get(key)
+    if counts is None:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counts = _race_count_buffers[key] = torch.zeros(2 * RACE_COUNTS, dtype=torch.int32,
+                                                        device=dev)
+    return counts
+
+
+def _verify_pass(logits: torch.Tensor, pl: Plan, pr: Plan, cu: torch.Tensor,
+                 drafts: torch.Tensor, q: torch.Tensor, num_reqs: int, params, part: _Partials,
+                 race: "_RaceOutputs", counts: torch.Tensor, has_q: bool, cp: int, tp: int,
+                 width: int, tuning: Tuning, pdl: bool, out: torch.Tensor) -> None:
+    """verify_pass_kernel: row_pass_kernel's and final_race_kernel's programs in one grid,
+    finalize's work in each request's last race program; writes ``out``."""
+    rows, vocab = logits.shape
+    nrow = rows * pl.num_chunks
+    K.verify_pass_kernel[(nrow + num_reqs * pr.num_chunks,)](
+        logits, logits.stride(0), vocab, pl.chunk, pl.num_chunks, cu, num_reqs, *params,
+        part.m, part.s, part.rv, part.ri, part.gv, part.gi, part.thr, SAMPLE,
+        pr.chunk, pr.num_chunks, drafts, q, race.rec_v, race.rec_i, race.n_acc, race.row_stat,
+        race.tile_sums, counts, RACE_COUNTS, nrow, out, width, triton.cdiv(vocab, pr.block),
+        NB=1 << max(9, num_reqs.bit_length()), BLOCK=pl.block, NT=NT,
+        SBLOCK=min(SBLOCK, pl.block), TILES=pl.steps, UNROLL=pl.unroll, SPLIT=tuning.split,
+        PREFETCH=tuning.prefetch, HAS_Q=has_q, CP=cp, TP=tp, RBLOCK=pr.block, RTILES=pr.tiles,
+        KP=triton.next_power_of_2(width), RUNROLL=min(tuning.recover_unroll, pr.tiles),
+        CRP=_chunks_pad(vocab, pr), WP=triton.next_power_of_2(width), PDL=pdl,
+        num_warps=max(pl.num_warps, pr.num_warps), **triton_pdl.launch_options(pdl))
 
 
 def _rowwise(logits: torch.Tensor) -> torch.Tensor:
@@ -356,12 +415,20 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     # probabilities the kernels get the row pass's partials in their place (unread)
     q = draft_probs.to(torch.float32).contiguous() if has_q else None
     pdl = tuning.pdl and triton_pdl.usable(logits)
-    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
-                     split=tuning.split, last=last, pdl=pdl, prefetch=tuning.prefetch)
+    part = _Partials(rows, pl.num_chunks, dev)
     pr = race_plan(vocab, num_reqs, dev, block, chunk, tuning)   # the one race per request
     cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     q = q if has_q else part.m
+    counts = None
+    if not strict and not last and tuning.fused_race and tuning.parallel_accept:
+        counts = _race_counts(dev, num_reqs)
+    if counts is not None:        # the whole verification in one launch
+        _verify_pass(logits, pl, pr, cu, drafts, q, num_reqs, params, part, race, counts,
+                     has_q, cp, tp, width, tuning, pdl, out)
+        return out
+    part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
+                     split=tuning.split, last=last, pdl=pdl, prefetch=tuning.prefetch, part=part)
     if not strict and not last:   # plain sampling raced in the row pass: nothing to do
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,

@@ -222,3 +222,52 @@ def test_prefetch_gives_the_same_tokens_and_q_bit_for_bit(b: int, k: int) -> Non
     draft = [TS.sample_draft(case.target_logits[:b], *dargs, True,
                              tuning=replace(TS.DRAFT_TUNING, prefetch=pf)) for pf in (False, True)]
     assert torch.equal(draft[0][0], draft[1][0]) and torch.equal(draft[0][1], draft[1][1])
+
+
+@pytest.mark.parametrize("b,k", [(8, 3), (64, 3), (64, 5), (256, 8)])
+def test_fused_race_gives_the_same_tokens_over_graph_replays(b: int, k: int) -> None:
+    """Tuning.fused_race: the row pass and the final race in one launch, each race program
+    waiting on its request's count of finished row programs. Over CUDA graph replays whose
+    logits a kernel inside the graph rewrites and whose seeds change (so the rejected rows
+    move), its tokens are the separate kernels', bit for bit: a race program that passed its
+    wait early, or read a partial through a stale L1 line, or a request finalized before its
+    last race program was done, would read the last replay's values in some replay. Greedy,
+    filtered and plain rows ride along. Every count is back at zero after each call."""
+    from dataclasses import replace
+
+    drafts = [k - i % 3 if i % 5 else 0 for i in range(b)]   # (every fifth: a plain row)
+    case = make_verify_case(drafts, _params(b), vocab=VOCAB, seed=7 * b + k,
+                            dtype=torch.bfloat16, noise=0.2, scale=3.0, device=DEV)
+    case.cu = case.cu.to(DEV)
+    base = case.target_logits.clone()
+    scale = torch.ones(1, device=DEV, dtype=torch.bfloat16)
+    args = list(case.args("probabilistic"))
+    verify = TS.verification_tuning(base.shape[0])
+    # (parallel accept tests: a fused race needs them; NARROW, below 32 rows, has them off)
+    fused = replace(verify, fused_race=True, parallel_accept=True)
+    apart = replace(fused, fused_race=False)
+
+    def step(tuning):
+        args[0] = base * scale                 # written by a kernel inside the graph
+        return TS.rejection_sample(*args, max_num_draft_tokens=k, tuning=tuning)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        assert torch.equal(step(fused), step(apart))
+    torch.cuda.current_stream().wait_stream(stream)
+    counts = TS._race_counts(torch.device(DEV), b)
+    assert counts is not None and int(counts.abs().sum()) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step(fused)
+    accepted = 0
+    for trial in range(12):
+        scale.fill_(1.0 + 0.125 * trial)
+        case.seeds.add_(11 + trial)
+        graph.replay()
+        want = step(apart)
+        assert torch.equal(static, want), f"replay {trial}: the fused race differs"
+        assert int(counts.abs().sum()) == 0, f"replay {trial}: counts left at {counts.nonzero()}"
+        accepted += int((want[:, 1:] >= 0).sum())
+    assert accepted > 0, "no draft was accepted: the accept tests' partials were not exercised"

@@ -71,6 +71,30 @@ def test_final_race_kernel_compiles(has_q: bool, parallel: bool, unroll: int) ->
                                                        KP=16, PARALLEL=parallel, UNROLL=unroll))
 
 
+VERIFY_PASS_SIG = dict(ROW_SIG, race_chunk="i32", CR="i32", drafts_ptr=PI64, q_ptr=P32, rec_v=P32,
+                       rec_i=PI32, n_acc_ptr=PI32, row_stat=P32, tile_sums="*fp64", counts=PI32,
+                       CAP="i32", NROW="i32", out_ptr=PI64, W="i32", NTILES="i32")
+
+
+@pytest.mark.parametrize("has_q,prefetch,pdl", [(True, False, True), (False, True, False)])
+def test_verify_pass_kernel_compiles_with_its_wait_past_l1(has_q: bool, prefetch: bool,
+                                                           pdl: bool) -> None:
+    """The fused row pass and final race (Tuning.fused_race): its counts' atomics carry their
+    order (release, acquire at GPU scope) and the partials it reads after the wait bypass L1
+    (ld.global.cg), as the wait's correctness needs; checked in the PTX."""
+    from specserve.kernels import sampling_triton_kernels as K
+
+    out = _compile(K.verify_pass_kernel, VERIFY_PASS_SIG,
+                   dict(V=V, NB=512, BLOCK=1024, NT=16, SBLOCK=256, TILES=8, UNROLL=4, SPLIT=True,
+                        PREFETCH=prefetch, HAS_Q=has_q, CP=8, TP=256, RBLOCK=1024, RTILES=16,
+                        KP=8, RUNROLL=4, CRP=32, WP=8, PDL=pdl))
+    ptx = out.asm["ptx"]
+    assert "atom.global.gpu.release.add" in ptx, "a row program's arrival lost its release"
+    assert "atom.global.gpu.acq_rel.add" in ptx, "a race program's arrival lost its order"
+    assert "ld.global.gpu.acquire" in ptx, "the race programs' wait lost its acquire"
+    assert "ld.global.cg" in ptx, "the partials are read through L1"
+
+
 def test_finalize_and_draft_kernels_compile() -> None:
     from specserve.kernels import sampling_triton_kernels as K
 

@@ -178,9 +178,11 @@ else:
     @pytest.mark.parametrize("tuning", [TS.LEGACY, TS.Tuning(unroll=2, split=False, recover_unroll=1),
                                         TS.Tuning(unroll=1, parallel_accept=False),
                                         TS.Tuning(prefetch=True),
-                                        TS.Tuning(unroll=2, split=False, prefetch=True)],
+                                        TS.Tuning(unroll=2, split=False, prefetch=True),
+                                        TS.Tuning(fused_race=True),
+                                        TS.Tuning(fused_race=True, unroll=2, split=False, prefetch=True)],
                              ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept", "prefetch",
-                                  "prefetch-unroll2-unsplit"])
+                                  "prefetch-unroll2-unsplit", "fused-race", "fused-race-prefetch-unsplit"])
     def test_every_tuning_matches_reference(tuning) -> None:
         """The launch knobs (loads per step, split greedy/sampled loops, parallel or serial
         accept tests, loads issued a step ahead) change how the work is spread, never a token: drafts and both
@@ -244,8 +246,42 @@ else:
         """Stands in for a kernel that must not be launched: any launch fails the test."""
 
         def __getitem__(self, grid):
-            raise AssertionError(f"final_race_kernel launched (grid {grid}) for plain sampling "
-                                 "with plain rows raced in the row pass")
+            raise AssertionError(f"a kernel launched (grid {grid}) where it must not be")
+
+    def test_fused_race_is_one_launch_and_leaves_its_counts_at_zero(monkeypatch) -> None:
+        """Tuning.fused_race: a probabilistic verification runs as verify_pass_kernel alone
+        (the row pass, final race and finalize kernels are not launched), gives the
+        reference's tokens call after call, and leaves every per-request count at zero (the
+        next launch's race programs wait on counts that start from zero; a count left over
+        would let them read partials not yet written, and no request would be finalized).
+        Strict verification keeps the separate kernels."""
+        from dataclasses import replace
+
+        tuning = replace(TS.DEFAULT, fused_race=True)
+        case = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0)
+        want = R.rejection_sample(*case.args("probabilistic"))
+        launched = []
+        real = TS.K.verify_pass_kernel
+
+        class _Counted:
+            def __getitem__(self, grid):
+                launched.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(TS.K, "verify_pass_kernel", _Counted())
+        monkeypatch.setattr(TS.K, "final_race_kernel", _NoLaunch())
+        monkeypatch.setattr(TS.K, "row_pass_kernel", _NoLaunch())
+        monkeypatch.setattr(TS.K, "finalize_kernel", _NoLaunch())
+        for chunk in (CHUNK, None, CHUNK):
+            got = TS.rejection_sample(*case.args("probabilistic"), block=BLOCK, chunk=chunk,
+                                      tuning=tuning)
+            assert torch.equal(got, want), f"\n{got}\n{want}"
+            counts = TS._race_counts(torch.device("cpu"), len(KS))
+            assert counts is not None and int(counts.abs().sum()) == 0, counts.nonzero()
+        assert len(launched) == 3
+        monkeypatch.undo()
+        strict = TS.rejection_sample(*case.args("strict"), block=BLOCK, tuning=tuning)
+        assert torch.equal(strict, R.rejection_sample(*case.args("strict")))
 
     def test_greedy_drafts_masked_vocabulary_and_wide_output() -> None:
         case = make_verify_case([2, 0, 5], [PARAM_SETS["t1"], PARAM_SETS["t0.8_all"], GREEDY],
