@@ -735,9 +735,9 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                        RTILES: tl.constexpr, KP: tl.constexpr, RUNROLL: tl.constexpr,
                        CRP: tl.constexpr, WP: tl.constexpr, PDL: tl.constexpr = False):
     """A probabilistic verification in one launch (grid [NROW + B CR], 1-D): the row pass,
-    the final race and finalize. Programs below NROW are row pass programs (row, chunk),
-    chunk fastest, so a request's rows finish together and early requests first; the rest are
-    final race programs (request, chunk), request-major. A row program adds one to its
+    the final race and finalize. Programs with a ticket (below) under NROW are row pass
+    programs (row, chunk), chunk fastest, so a request's rows finish together and early
+    requests first; the rest are final race programs (request, chunk), request-major. A row program adds one to its
     request's count ``counts[req]`` once its partials are stored (release); a race program
     waits until its request's count reaches (k_b + 1) C (acquire), so it starts while later
     requests' rows still stream, not after the whole row pass and a kernel boundary. Past its
@@ -747,13 +747,17 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     request, which then waits for no other request. What a program reads of what others wrote
     in this launch (partials, the race's sums and counts) it reads past L1 (".cg").
 
-    The wait needs every row program to be placed on an SM before any race program that waits
-    on it occupies one: the GPU places a grid's programs in order of their linear index, and
-    the row programs come first (the single-pass scans' assumption); under the CPU interpreter
-    programs run one after another in that order, so no race program ever waits. The same
-    tokens as the two kernels: the same program bodies, the same partials."""
+    A program's role comes from a ticket (``counts[2 CAP]``, taken with an atomic add), not
+    from its program id: tickets are taken in the order programs start, so every row ticket
+    belongs to a program already running when a race program takes its ticket, and a race
+    program never waits on a row program that has no SM (whatever order the GPU places a
+    grid's programs in). The last ticket's holder sets the ticket back to zero. Under the CPU
+    interpreter programs run one after another, so no race program ever waits. The same
+    tokens as the separate kernels: the same program bodies, the same partials."""
     after_producer(PDL)
-    pid = tl.program_id(0)
+    pid = tl.atomic_add(counts + 2 * CAP, 1, sem="relaxed", scope="gpu")
+    if pid == tl.num_programs(0) - 1:      # every program has its ticket
+        tl.atomic_xchg(counts + 2 * CAP, 0, sem="relaxed", scope="gpu")
     if pid < NROW:
         row = pid // C
         c = pid - row * C

@@ -279,9 +279,9 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
     return part
 
 
-# Per-request counts of verify_pass_kernel: [2, RACE_COUNTS] int32 per device, zero between
-# launches (each launch sets the counts it used back to zero), allocated once and never
-# replaced, as captured CUDA graphs keep its address. A batch of more requests, or a first call
+# Per-request counts of verify_pass_kernel: [2, RACE_COUNTS] int32 per device and its program
+# ticket after them, zero between launches (each launch sets what it used back to zero),
+# allocated once and never replaced, as captured CUDA graphs keep its address. A batch of more requests, or a first call
 # inside a graph capture (no allocation there), runs the two kernels instead.
 RACE_COUNTS = 8192
 _race_count_buffers: dict[tuple[str, int], torch.Tensor] = {}
@@ -297,7 +297,7 @@ def _race_counts(dev: torch.device, num_reqs: int) -> Optional[torch.Tensor]:
     if counts is None:
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        counts = _race_count_buffers[key] = torch.zeros(2 * RACE_COUNTS, dtype=torch.int32,
+        counts = _race_count_buffers[key] = torch.zeros(2 * RACE_COUNTS + 4, dtype=torch.int32,
                                                         device=dev)
     return counts
 
