@@ -273,8 +273,8 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
     out += [("prefetch", replace(d, prefetch=True), 1),
             ("prefetch+unroll=2", replace(d, prefetch=True, unroll=2), 1),
             ("narrow+prefetch", replace(TS.NARROW, prefetch=True), 2)]
-    out += [("unfused", replace(d, fused_race=False), 1),
-            ("unfused+prefetch", replace(d, fused_race=False, prefetch=True), 1)]
+    out += [("fused", replace(d, fused_race=True), 1),
+            ("fused+prefetch", TS.WIDE_FUSED, 1)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]

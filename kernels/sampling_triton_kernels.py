@@ -739,8 +739,9 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     programs (row, chunk), chunk fastest, so a request's rows finish together and early
     requests first; the rest are final race programs (request, chunk), request-major. A row program adds one to its
     request's count ``counts[req]`` once its partials are stored (release); a race program
-    waits until its request's count reaches (k_b + 1) C (acquire), so it starts while later
-    requests' rows still stream, not after the whole row pass and a kernel boundary. Past its
+    waits until its request's count reaches (k_b + 1) C (acquire): race programs take the SMs
+    that the row pass's last wave frees, each request's as soon as its own rows are done, not
+    after the whole row pass and a kernel boundary. Past its
     work a race program adds one to ``counts[CAP + req]`` (acquire and release); the last of
     a request's CR sets both counts back to zero (every program of the request is past its
     wait: the next launch finds them zero, with no memset) and runs finalize's work for the

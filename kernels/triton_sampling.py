@@ -71,8 +71,9 @@ class Tuning:
     * ``fused_race``: a probabilistic verification runs its row pass, final race and finalize
       as one launch (``verify_pass_kernel``): a request's race programs start once its own rows
       are done, while later requests' rows still stream, instead of after the whole row pass,
-      and its last race program finalizes it (the same program bodies, partials and tokens). Needs ``parallel_accept``; calls on one device
-      must not overlap (the engine samples on one stream): they share the per-request counts.
+      and its last race program finalizes it (the same program bodies, partials and tokens).
+      Needs ``parallel_accept``; calls on one device must not overlap (the engine samples on
+      one stream): they share the per-request counts.
 
     ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
@@ -110,12 +111,7 @@ class Tuning:
 # and 0.99x at B = 256; at B = 1, k = 3 it cost 3 us more (12 -> 15 us), and draft sampling
 # (LEGACY's shape) lost at B >= 8 (1.07-1.24x). So the wide verification tuning has it; NARROW
 # (under WIDE_ROWS rows) with PDL has not been timed (`--sweep --only narrow,narrow+pdl`).
-# fused_race: measured on an H100 (2026-12-07, docs/bench-h100/fused-race-2026-12-07, the sweep
-# with the row pass and final race fused and finalize still apart, two runs): with prefetch it
-# took 0.96-0.97x the separate kernels' time at B = 64 (k = 3, 5, 8; 256-576 rows) and 0.91-0.94x
-# at B = 256, without prefetch 0.98x / 0.95-0.98x; at B = 8 it was mixed (k = 3: 1.04-1.24x,
-# k = 8: 0.90x). So every verification from WIDE_ROWS runs fused.
-DEFAULT = Tuning(pdl=True, fused_race=True)
+DEFAULT = Tuning(pdl=True)
 # the launch shape and kernel paths before the 2026-11 bandwidth work (the bench's baseline)
 LEGACY = Tuning(unroll=1, row_waves=4, race_waves=4, split=False, parallel_accept=False,
                 plain_row_race=False)
@@ -136,20 +132,25 @@ WIDE_ROWS = 32
 # Tuning.prefetch, timed on an H200 (2026-11-28, two sweeps of DEFAULT against DEFAULT with
 # prefetch in one process, docs/bench-h200/sampler-prefetch): 0.95-0.97x the time at B = 256
 # (1,024-2,304 rows, every k of 3, 5, 8, both runs); per run level to 1.10x at B = 64 (256-576
-# rows) and 1.01-1.18x at B = 8. So from 1,024 rows only.
-# Fused (fused_race, the H100 sweep above), prefetch paid from 256 rows: 0.95-0.99x the time of
-# the fused launch without it at B = 64 and 256, but 0.93-1.12x at B = 8 (32-72 rows). So from
-# 256 rows now (1,024 before the fusion).
-PREFETCH_ROWS = 256
-WIDE_PREFETCH = replace(DEFAULT, prefetch=True)
+# rows) and 1.01-1.18x at B = 8. So from 1,024 rows only, until the fused launch below.
+# Tuning.fused_race with prefetch, timed on an H100 (2026-12-07, docs/bench-h100/fused-race-
+# 2026-12-07, the sweep in one process; call 2 the final kernel, call 1 without finalize
+# folded in, two runs), against the separate kernels each call would have run before (DEFAULT
+# under 1,024 rows, DEFAULT with prefetch from there): 0.97-0.98x the time at B = 64 (k = 3, 5,
+# 8: 256-576 rows; 0.94-0.98x in call 1) and 0.93-0.98x at B = 256 (1,024-2,304 rows). Prefetch
+# alone lost at B = 64 (1.03-1.07x), and the fused launch without it was level or faster there
+# but paid less. At B = 8 (32-72 rows) call 1's fused launch was mixed (1.04-1.24x at k = 3,
+# 0.90x at k = 8) and call 2 did not time it, so under 256 rows the kernels stay apart.
+FUSED_ROWS = 256
+WIDE_FUSED = replace(DEFAULT, fused_race=True, prefetch=True)
 DRAFT_TUNING = LEGACY
 FINALIZE_WARPS = 4  # finalize_kernel: a recovery scans one BLOCK-entry tile of the rejected row
 
 
 def verification_tuning(rows: int) -> Tuning:
     """The tuning of a verification over ``rows`` target rows (B (k + 1))."""
-    if rows >= PREFETCH_ROWS:
-        return WIDE_PREFETCH
+    if rows >= FUSED_ROWS:
+        return WIDE_FUSED
     return DEFAULT if rows >= WIDE_ROWS else NARROW
 
 
@@ -281,7 +282,8 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
 
 # Per-request counts of verify_pass_kernel: [2, RACE_COUNTS] int32 per device and its program
 # ticket after them, zero between launches (each launch sets what it used back to zero),
-# allocated once and never replaced, as captured CUDA graphs keep its address. A batch of more requests, or a first call
+# allocated once and never replaced, as captured CUDA graphs keep its address (the engine's
+# sampler warm-up runs eagerly before any capture, so its graphs get the fused launch). A batch of more requests, or a first call
 # inside a graph capture (no allocation there), runs the two kernels instead.
 RACE_COUNTS = 8192
 _race_count_buffers: dict[tuple[str, int], torch.Tensor] = {}
@@ -320,7 +322,7 @@ def _verify_pass(logits: torch.Tensor, pl: Plan, pr: Plan, cu: torch.Tensor,
         PREFETCH=tuning.prefetch, HAS_Q=has_q, CP=cp, TP=tp, RBLOCK=pr.block, RTILES=pr.tiles,
         KP=triton.next_power_of_2(width), RUNROLL=min(tuning.recover_unroll, pr.tiles),
         CRP=_chunks_pad(vocab, pr), WP=triton.next_power_of_2(width), PDL=pdl,
-        num_warps=max(pl.num_warps, pr.num_warps), **triton_pdl.launch_options(pdl))
+        num_warps=FINALIZE_WARPS, **triton_pdl.launch_options(pdl))
 
 
 def _rowwise(logits: torch.Tensor) -> torch.Tensor:
@@ -421,7 +423,10 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     q = q if has_q else part.m
     counts = None
-    if not strict and not last and tuning.fused_race and tuning.parallel_accept:
+    # (finalize's fp64 sums run at its own warp count, so the fused launch must share it: at
+    # another count the sums could round apart from the separate kernel's)
+    if (not strict and not last and tuning.fused_race and tuning.parallel_accept
+            and pl.num_warps == pr.num_warps == FINALIZE_WARPS):
         counts = _race_counts(dev, num_reqs)
     if counts is not None:        # the whole verification in one launch
         _verify_pass(logits, pl, pr, cu, drafts, q, num_reqs, params, part, race, counts,

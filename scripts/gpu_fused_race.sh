@@ -17,7 +17,7 @@ timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu tests/gpu/test_sampling
 for run in $(seq 1 "${SWEEP_RUNS:-2}"); do
   echo "== (2) sweep run $run"
   (cd /tmp && timeout "${SWEEP_TIMEOUT:-170}" python3 -m specserve.bench.rejection_sampler --sweep --budget-s 0 \
-    --only "${SWEEP_ONLY:-default,prefetch,unfused,unfused+prefetch}" \
+    --only "${SWEEP_ONLY:-default,prefetch,fused,fused+prefetch}" \
     --batch-sizes "${SWEEP_B:-8,64,256}" --ks 3,5,8 --out "$R/sweep$run") 2>&1 \
     | grep -v "Triton kernel variant" | tee "$R/sweep$run.log" | grep "^B=" | sed 's/  same tokens True//'
 done

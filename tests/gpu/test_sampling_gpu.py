@@ -225,7 +225,7 @@ def test_prefetch_gives_the_same_tokens_and_q_bit_for_bit(b: int, k: int) -> Non
 
 
 @pytest.mark.parametrize("b,k", [(8, 3), (64, 3), (64, 5), (256, 8)])
-def test_fused_race_gives_the_same_tokens_over_graph_replays(b: int, k: int) -> None:
+def test_fused_race_gives_the_same_tokens_over_graph_replays(b: int, k: int, monkeypatch) -> None:
     """Tuning.fused_race: the row pass and the final race in one launch, each race program
     waiting on its request's count of finished row programs. Over CUDA graph replays whose
     logits a kernel inside the graph rewrites and whose seeds change (so the rejected rows
@@ -258,9 +258,20 @@ def test_fused_race_gives_the_same_tokens_over_graph_replays(b: int, k: int) -> 
     torch.cuda.current_stream().wait_stream(stream)
     counts = TS._race_counts(torch.device(DEV), b)
     assert counts is not None and int(counts.abs().sum()) == 0
+    launched = []
+    real = TS.K.verify_pass_kernel
+
+    class _Counted:                            # the graph must hold the fused launch
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(TS.K, "verify_pass_kernel", _Counted())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static = step(fused)
+    monkeypatch.undo()
+    assert len(launched) == 1, "the captured graph holds the separate kernels, not the fused launch"
     accepted = 0
     for trial in range(12):
         scale.fill_(1.0 + 0.125 * trial)

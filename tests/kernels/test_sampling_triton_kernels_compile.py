@@ -92,7 +92,9 @@ def test_verify_pass_kernel_compiles_with_its_wait_past_l1(has_q: bool, prefetch
     assert "atom.global.gpu.release.add" in ptx, "a row program's arrival lost its release"
     assert "atom.global.gpu.acq_rel.add" in ptx, "a race program's arrival lost its order"
     assert "ld.global.gpu.acquire" in ptx, "the race programs' wait lost its acquire"
-    assert "ld.global.cg" in ptx, "the partials are read through L1"
+    # what the launch itself wrote and reads back: the accept tests' maxima, sums and
+    # thresholds, finalize's argmax partials, row statistics, tile sums and accepted count
+    assert ptx.count("ld.global.cg") >= 8, "same-launch data is read through L1"
 
 
 def test_finalize_and_draft_kernels_compile() -> None:
