@@ -737,13 +737,14 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
     """A probabilistic verification in one launch (grid [NROW + B CR], 1-D): the row pass,
     the final race and finalize. Programs with a ticket (below) under NROW are row pass
     programs (row, chunk), chunk fastest, so a request's rows finish together and early
-    requests first; the rest are final race programs (request, chunk), request-major. A row program adds one to its
-    request's count ``counts[req]`` once its partials are stored (release); a race program
-    waits until its request's count reaches (k_b + 1) C (acquire): race programs take the SMs
-    that the row pass's last wave frees, each request's as soon as its own rows are done, not
-    after the whole row pass and a kernel boundary. Past its
-    work a race program adds one to ``counts[CAP + req]`` (acquire and release); the last of
-    a request's CR sets both counts back to zero (every program of the request is past its
+    requests first; the rest are final race programs (request, chunk), request-major.
+
+    A row program adds one to its request's count ``counts[req]`` once its partials are
+    stored (release). A race program waits until its request's count reaches (k_b + 1) C
+    (acquire): race programs take the SMs that the row pass's last wave frees, each request's
+    as soon as its own rows are done, not after the whole row pass and a kernel boundary. Past
+    its work a race program adds one to ``counts[CAP + req]`` (acquire and release); the last
+    of a request's CR sets both counts back to zero (every program of the request is past its
     wait: the next launch finds them zero, with no memset) and runs finalize's work for the
     request, which then waits for no other request. What a program reads of what others wrote
     in this launch (partials, the race's sums and counts) it reads past L1 (".cg").

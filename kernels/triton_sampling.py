@@ -69,9 +69,10 @@ class Tuning:
       while the thread works on the step before (the same arithmetic in the same order; one
       more block of logits held in registers).
     * ``fused_race``: a probabilistic verification runs its row pass, final race and finalize
-      as one launch (``verify_pass_kernel``): a request's race programs start once its own rows
-      are done, while later requests' rows still stream, instead of after the whole row pass,
-      and its last race program finalizes it (the same program bodies, partials and tokens).
+      as one launch (``verify_pass_kernel``): race programs take the SMs the row pass's last
+      wave frees, a request's as soon as its own rows are done, instead of after the whole row
+      pass, and its last race program finalizes it (the same program bodies, partials and
+      tokens).
       Needs ``parallel_accept``; calls on one device must not overlap (the engine samples on
       one stream): they share the per-request counts.
 
@@ -283,8 +284,9 @@ def _row_pass(logits: torch.Tensor, pl: Plan, cu: torch.Tensor, num_reqs: int, p
 # Per-request counts of verify_pass_kernel: [2, RACE_COUNTS] int32 per device and its program
 # ticket after them, zero between launches (each launch sets what it used back to zero),
 # allocated once and never replaced, as captured CUDA graphs keep its address (the engine's
-# sampler warm-up runs eagerly before any capture, so its graphs get the fused launch). A batch of more requests, or a first call
-# inside a graph capture (no allocation there), runs the two kernels instead.
+# sampler warm-up runs eagerly before any capture, so its graphs get the fused launch). A batch
+# of more requests, or a first call inside a graph capture (no allocation there), runs the
+# separate kernels instead.
 RACE_COUNTS = 8192
 _race_count_buffers: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -422,10 +424,11 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
     cp, tp = _chunks_pad(vocab, pl), _tiles_pad(vocab, pr.block)
     race = _RaceOutputs(num_reqs, pr.num_chunks, tp, dev)
     q = q if has_q else part.m
+    races = not strict and not last   # a final race runs (plain sampling can race in the row pass)
     counts = None
     # (finalize's fp64 sums run at its own warp count, so the fused launch must share it: at
     # another count the sums could round apart from the separate kernel's)
-    if (not strict and not last and tuning.fused_race and tuning.parallel_accept
+    if (races and tuning.fused_race and tuning.parallel_accept
             and pl.num_warps == pr.num_warps == FINALIZE_WARPS):
         counts = _race_counts(dev, num_reqs)
     if counts is not None:        # the whole verification in one launch
@@ -434,7 +437,7 @@ def rejection_sample(target_logits: torch.Tensor, cu_num_draft_tokens: torch.Ten
         return out
     part = _row_pass(logits, pl, cu, num_reqs, params, SAMPLE, has_cu=True, race=strict,
                      split=tuning.split, last=last, pdl=pdl, prefetch=tuning.prefetch, part=part)
-    if not strict and not last:   # plain sampling raced in the row pass: nothing to do
+    if races:
         K.final_race_kernel[(num_reqs, pr.num_chunks)](
             logits, logits.stride(0), vocab, pr.chunk, pl.num_chunks, pr.num_chunks, cu, drafts,
             q, params[0], params[4], params[5], part.m, part.s, part.thr, race.rec_v,

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One device call for Tuning.fused_race (the rejection sampler's row pass and final race in one
-# launch): (1) the sampler's GPU tests that compare it, PDL and prefetch with the plain launches
-# bit for bit; (2) the sampler sweep, default against fused_race (with and without prefetch) in
-# one process, SWEEP_RUNS times; (3) with EXACT=1, the exactness grid's probabilistic and
-# greedy-draft cells and the breakages (default tuning). Then, with CELLS=1, the adaptive cells of
-# scripts/gpu_cells_pdl_roofline.sh (its env picks them) into $OUT/cells.
+# One device call for Tuning.fused_race (the rejection sampler's row pass, final race and
+# finalize in one launch): (1) the sampler's GPU tests that compare it, PDL and prefetch with the
+# separate launches bit for bit; (2) the sampler sweep, the separate kernels against the fused
+# launch (with and without prefetch) in one process, SWEEP_RUNS times; (3) with EXACT=1, the
+# exactness grid's probabilistic and greedy-draft cells and the breakages (default tuning).
 #   bash scripts/gpu_fused_race.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -30,4 +29,3 @@ if [[ "${EXACT:-0}" == 1 ]]; then
   cp /tmp/ex/*.md "$R/" 2>/dev/null
 fi
 tar czf "$OUT/results.tgz" -C /tmp results
-if [[ "${CELLS:-0}" == 1 ]]; then OUT="$OUT/cells" bash scripts/gpu_cells_pdl_roofline.sh; fi
