@@ -139,3 +139,42 @@ def test_silu_and_mul(dtype: torch.dtype) -> None:
     assert torch.equal(ref_layers.silu_and_mul(x), expect)
     naive = gate.double() / (1 + torch.exp(-gate.double())) * up.double()
     torch.testing.assert_close(ref_layers.silu_and_mul(x).double(), naive, atol=ATOL[dtype], rtol=0)
+
+
+def test_a_forwards_memos_follow_metadata_rewritten_in_place() -> None:
+    """The reference derives its attention plan, K/V slots and rotary angles once for a
+    forward's layers (``ref_layers._Memo``). Engines rewrite their metadata buffers in place
+    between forwards: the next call must follow the new values, not the remembered ones."""
+    q_lens, seq_lens = MIXES["decode"]
+    case = make_paged_case(q_lens, seq_lens, 8, 2, 16, 4, torch.float32, seed=11)
+    args = (case.query_start_loc, case.seq_lens, case.scale)
+    first = ref_layers.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, *args)
+    again = ref_layers.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, *args)
+    assert torch.equal(first, again)
+    # request 0 (one token of context) reads request 1's blocks from now on (the same buffer,
+    # rewritten): its one key is request 1's first token, so its output is that token's V
+    case.block_tables[0].copy_(case.block_tables[1])
+    moved = ref_layers.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, *args)
+    slot = int(case.block_tables[1, 0]) * case.k_cache.shape[1]
+    v_first = case.v_cache.view(-1, 2, 16)[slot]                                  # [Hk, D]
+    torch.testing.assert_close(moved[0], v_first.repeat_interleave(4, dim=0), atol=1e-6, rtol=0)
+    assert not torch.equal(moved[0], first[0]) and torch.equal(moved[1:], first[1:])
+
+    gen = torch.Generator().manual_seed(12)
+    k, v = torch.randn(3, 2, 4, generator=gen), torch.randn(3, 2, 4, generator=gen)
+    k_cache, v_cache = torch.zeros(4, 2, 2, 4), torch.zeros(4, 2, 2, 4)
+    slots = torch.tensor([0, 1, 2])
+    ref_layers.write_kv(k, v, k_cache, v_cache, slots)
+    slots.copy_(torch.tensor([5, -1, 7]))
+    ref_layers.write_kv(2 * k, 2 * v, k_cache, v_cache, slots)
+    flat = k_cache.view(8, 2, 4)
+    assert torch.equal(flat[5], 2 * k[0]) and torch.equal(flat[7], 2 * k[2])
+    assert torch.equal(flat[1], k[1]) and torch.equal(flat[2], k[2])
+
+    cache = rotary_cache(64, 8)
+    positions = torch.tensor([3, 9])
+    qr, kr = torch.randn(2, 2, 8, generator=gen), torch.randn(2, 1, 8, generator=gen)
+    ref_layers.apply_rotary(qr.clone(), kr.clone(), positions, cache)
+    positions.copy_(torch.tensor([0, 0]))      # position 0 rotates by nothing
+    q_out, k_out = ref_layers.apply_rotary(qr.clone(), kr.clone(), positions, cache)
+    assert torch.equal(q_out, qr) and torch.equal(k_out, kr)
