@@ -209,6 +209,28 @@ def test_unpadded_costs_interpolate():
     assert cost.device_seconds(32, 0, 0) == pytest.approx(0.04)           # proportional beyond
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_an_eager_calibration_that_overstates_drafting_is_brought_down_by_real_steps(padded: bool):
+    """Drafting steps measured at half their calibrated device time: with an eager (rough)
+    calibration, a drafting cell not yet measured is predicted near half its calibration too
+    (the host residual, never negative, could not bring it down); a graphed calibration keeps
+    its device times."""
+    cost = CostModel(_cal(0.5, padded=padded))
+    calibrated = cost.step_seconds(1, 4)                      # 10 ms + 4 x 5 ms
+    assert calibrated == pytest.approx(0.030)
+    for _ in range(12):
+        cost.observe(1, 1, 1, 0.5 * cost.device_seconds(1, 1, 1))
+    assert cost.measured(1, 1) and not cost.measured(1, 4)
+    if padded:
+        assert cost.step_seconds(1, 4) == pytest.approx(calibrated)
+        assert cost.snapshot()["drafting_step_over_calibration"] is None
+    else:
+        assert cost.step_seconds(1, 4) == pytest.approx(0.5 * calibrated, rel=0.05)
+        assert cost.snapshot()["drafting_step_over_calibration"] == pytest.approx(0.5, rel=0.05)
+    # plain steps' predictions are not drafting's: k = 0 keeps its own scale
+    assert cost.step_seconds(1, 0) == pytest.approx(0.010)
+
+
 def test_batch_expected_tokens_equal_the_formula_row_by_row():
     """The per-step sum (grouped, cached E tables) equals summing E(min(k, budget)) row by row."""
     import random
