@@ -45,25 +45,29 @@ class _Memo:
     rotary table).
     A forward's layers each derive the same thing from the batch's metadata (rotary angles,
     K/V slots); on the CPU each derivation is a handful of small ops of ~5-20 us. Values come
-    out bit for bit as a fresh build's."""
+    out bit for bit as a fresh build's.
 
-    __slots__ = ("_inputs", "_key", "_same", "_value")
+    ``build`` is called with the memo's own copies of the inputs, so nothing it returns can
+    point into a caller's buffer (a buffer rewritten later would change a remembered value).
+    The state is one tuple, read once and replaced in one assignment, so two threads sharing
+    a memo can only miss, never mix one call's inputs with another's value."""
+
+    __slots__ = ("_held",)
 
     def __init__(self) -> None:
-        self._inputs: tuple = ()
-        self._key: object = None
-        self._same: object = None
-        self._value: object = None
+        self._held: Optional[tuple] = None   # (input copies, key, same, value)
 
     def get(self, inputs: tuple, build, key: object = None, same: object = None):
-        held = self._inputs
-        if (held and same is self._same and key == self._key and len(held) == len(inputs)
-                and all(h.device == t.device and h.dtype == t.dtype and h.shape == t.shape
-                        and torch.equal(h, t) for h, t in zip(held, inputs))):
-            return self._value
-        value = build()
-        self._inputs = tuple(t.clone() for t in inputs)
-        self._key, self._same, self._value = key, same, value
+        held = self._held
+        if held is not None:
+            copies, held_key, held_same, value = held
+            if (same is held_same and key == held_key and len(copies) == len(inputs)
+                    and all(h.device == t.device and h.dtype == t.dtype and h.shape == t.shape
+                            and torch.equal(h, t) for h, t in zip(copies, inputs))):
+                return value
+        copies = tuple(t.clone() for t in inputs)
+        value = build(*copies)
+        self._held = (copies, key, same, value)
         return value
 
 
@@ -135,9 +139,10 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [N, 1, R/2] fp32 of ``positions``: the last ones again when the positions and
     the cache are the same (a forward's layers all ask for the same; ``_Memo``)."""
-    def build() -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)   # [N, R/2] each
+    def build(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos_sin_cache[pos].float().chunk(2, dim=-1)         # [N, R/2] each
         return cos.unsqueeze(1), sin.unsqueeze(1)                      # [N, 1, R/2]
+    # (the table is built once per model and never written: its identity stands for its values)
     return _COS_SIN.get((positions,), build, same=cos_sin_cache)
 
 
@@ -172,8 +177,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
     k, v: [N, Hk, D]; k_cache, v_cache: [num_blocks, block_size, Hk, D]; slot_mapping: [N] int64.
     """
-    def build() -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        slots = slot_mapping.long()
+    def build(mapping: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        slots = mapping.long()
         valid = slots >= 0                                               # [N]
         if bool(valid.all()):
             return slots, None
@@ -353,8 +358,8 @@ def _batched_plan(block_tables: torch.Tensor, starts: list[int], lens: list[int]
         tables = block_tables[:len(reqs), :num_blocks]                              # (a view)
     else:
         tables = block_tables[torch.tensor(reqs, device=block_tables.device), :num_blocks]
-    return _PLAN.get((tables,), lambda: _BatchedPlan(tables, starts, lens, reqs, block_size,
-                                                     num_rows),
+    return _PLAN.get((tables,), lambda held: _BatchedPlan(held, starts, lens, reqs, block_size,
+                                                          num_rows),
                      key=(tuple(starts), tuple(lens), tuple(reqs), block_size, num_rows))
 
 

@@ -178,3 +178,33 @@ def test_a_forwards_memos_follow_metadata_rewritten_in_place() -> None:
     positions.copy_(torch.tensor([0, 0]))      # position 0 rotates by nothing
     q_out, k_out = ref_layers.apply_rotary(qr.clone(), kr.clone(), positions, cache)
     assert torch.equal(q_out, qr) and torch.equal(k_out, kr)
+
+
+def test_a_remembered_value_never_points_into_a_callers_buffer() -> None:
+    """Every slot valid: the memo's slots must be its own. Buffer A is written through, then
+    rewritten in place; a different tensor holding A's first values must write where they say,
+    not where A now points."""
+    k, v = torch.ones(2, 1, 4), torch.ones(2, 1, 4)
+    k_cache, v_cache = torch.zeros(4, 2, 1, 4), torch.zeros(4, 2, 1, 4)
+    a = torch.tensor([0, 1])
+    ref_layers.write_kv(k, v, k_cache, v_cache, a)
+    a.copy_(torch.tensor([6, 7]))
+    ref_layers.write_kv(2 * k, 2 * v, k_cache, v_cache, torch.tensor([0, 1]))
+    flat = k_cache.view(8, 1, 4)
+    assert (flat[:2] == 2).all() and (flat[6:] == 0).all()
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_a_remembered_plan_gives_a_fresh_ones_bits(mix: str, monkeypatch) -> None:
+    """Each layer after a forward's first reads the remembered plan, slots and angles: bit for
+    bit what a fresh derivation gives (the memos emptied before each reference call)."""
+    q_lens, seq_lens = MIXES[mix]
+    case = make_paged_case(q_lens, seq_lens, 8, 2, 16, 4, torch.float32, seed=21, pad_rows=2)
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+            case.seq_lens, case.scale)
+    warm = [ref_layers.paged_attention(*args) for _ in range(2)][-1]
+    for name in ("_PLAN", "_KV_SLOTS", "_COS_SIN"):
+        monkeypatch.setattr(ref_layers, name, ref_layers._Memo())
+    fresh = ref_layers.paged_attention(*args)
+    assert torch.equal(warm, fresh)
+    assert (warm[-2:] == 0).all()   # rows owned by no request stay zero
