@@ -642,9 +642,9 @@ class CostModel:
         # batch 16, 2.0 ms measured). An unmeasured bucket's k = 0 is predicted at this share of
         # its calibration: at 2.65 ms, k = 2 looked 1.05x plain and ran at 0.76x.
         self.zero_scale = _Ema()
-        # measured drafting step / its calibrated device time, where that is below 1, over
-        # every batch bucket; learnt only from an eager calibration (``drafting_scale``)
-        self.drafting_scale = _Ema()
+        # batch bucket -> measured drafting step / its calibrated device time, read at most 1;
+        # learnt only from an eager calibration (``_drafting_scale``)
+        self.drafting_scale: dict[int, _Ema] = {}
         self.device_stalls = 0   # first steps of a shape not learnt from: stalled (``observe``)
         self.drafting_observed = 0   # drafting steps learnt from (a hold at 0 sees none)
         self._target_memo: dict[tuple[int, int], float] = {}
@@ -705,7 +705,7 @@ class CostModel:
         if plain and self.zero_scale.count and (self.zero_runs_ahead or b not in self.overhead):
             device *= self.zero_scale.value   # (a synchronous plain residual already holds it)
         if not plain:
-            device *= self._drafting_scale()
+            device *= self._drafting_scale(b)
             host = self._drafting_host(b)
         else:
             over = self.overhead.get(b)
@@ -747,11 +747,12 @@ class CostModel:
 
     DRAFTING_SCALE_MIN = 0.5   # the lowest drafting step / calibrated device time learnt
 
-    def _drafting_scale(self) -> float:
-        """What an eager calibration's drafting device times are worth: the moving average of
-        measured drafting steps over their calibrated device time, each read at most 1 (a step
-        slower than its device time teaches host work instead: ``_drafting_host``), once
-        steps have taught it; 1 otherwise.
+    def _drafting_scale(self, b: int) -> float:
+        """What an eager calibration's drafting device times are worth at batch bucket ``b``:
+        the moving average of measured drafting steps there over their calibrated device time,
+        each read at most 1 (a step slower than its device time teaches host work instead:
+        ``_drafting_host``), once steps there have taught it; 1 otherwise. Per bucket: each
+        batch size was timed apart, and its error is its own.
 
         An eager calibration (CPU, or no CUDA graphs) times each shape three times after one
         warm-up, and drafting steps reuse it until their own (batch bucket, k) cell has
@@ -762,9 +763,8 @@ class CostModel:
         the demo pair drafted at k <= 1 for 520 of 525 steps and read 0.97x plain where fixed k =
         4 ran 1.24x. A graphed calibration (the GPU's, replaying the engine's own graphs five
         times after two warm-ups) keeps its device times."""
-        if self.cal.padded or not self.drafting_scale.count:
-            return 1.0
-        return self.drafting_scale.value
+        scale = None if self.cal.padded else self.drafting_scale.get(b)
+        return scale.value if scale is not None else 1.0
 
     STALL = 2.0   # a step above this multiple of its prediction is learned as this multiple
     ZERO_SCALE = (0.5, 1.5)   # bounds of one k = 0 step's measured / calibrated ratio
@@ -823,9 +823,9 @@ class CostModel:
         device = self.device_seconds(batch, k_verify, k_draft)
         drafting = (k_verify or k_draft) and not k_verify == 0 < k_draft
         if drafting and not self.cal.padded and hidden_host is None and device > 0:
-            self.drafting_scale.add(min(max(seconds / device, self.DRAFTING_SCALE_MIN), 1.0),
-                                    self.rate)
-            device *= self.drafting_scale.value
+            scale = self.drafting_scale.setdefault(b, _Ema())
+            scale.add(min(max(seconds / device, self.DRAFTING_SCALE_MIN), 1.0), self.rate)
+            device *= scale.value
         if hidden_host is not None:
             residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
         else:
@@ -848,8 +848,8 @@ class CostModel:
                 "overhead_seconds": {b: round(e.value, 7) for b, e in sorted(self.overhead.items())},
                 "plain_step_over_calibration": (round(self.zero_scale.value, 4)
                                                 if self.zero_scale.count else None),
-                "drafting_step_over_calibration": (round(self.drafting_scale.value, 4)
-                                                   if self.drafting_scale.count else None),
+                "drafting_step_over_calibration": {b: round(e.value, 4) for b, e
+                                                   in sorted(self.drafting_scale.items())},
                 "drafting_overhead_seconds": {b: round(e.value, 7)
                                               for b, e in sorted(self.drafting_overhead.items())},
                 "measured_step_seconds": {f"{b},{k}": round(e.value, 7)
