@@ -201,13 +201,13 @@ def attention_prologue(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, hea
     qkv: [N, (Hq + 2 Hk) D] (q heads, then k heads, then v heads). Splits it, applies the
     per-head RMSNorm to q and k when ``q_norm`` / ``k_norm`` are given (Qwen3), the rotary
     embedding to both, and stores k and v at ``slot_mapping`` (negative slots skipped).
-    Returns q: [N, Hq, D], a new contiguous tensor (``qkv`` is not modified).
+    Returns q: [N, Hq, D], a contiguous tensor. Without q/k norms and with N = 1 the q and k
+    columns of ``qkv`` are contiguous already and are rotated in place (not copied); at other
+    N ``qkv`` is not modified.
     """
     n = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    q = q.reshape(n, num_heads, head_dim)
-    k = k.reshape(n, num_kv_heads, head_dim)
     v = v.reshape(n, num_kv_heads, head_dim)
     if q_norm is not None:
         q = rms_norm(q.reshape(-1, head_dim), q_norm, eps).view(n, num_heads, head_dim)
