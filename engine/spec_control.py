@@ -821,7 +821,8 @@ class CostModel:
         seconds = min(seconds, self.STALL * expect) if expect > 0 else seconds
         b = self.bucket(batch)
         device = self.device_seconds(batch, k_verify, k_draft)
-        drafting = (k_verify or k_draft) and not k_verify == 0 < k_draft
+        leaving_zero = k_verify == 0 < k_draft
+        drafting = bool(k_verify or k_draft) and not leaving_zero
         if drafting and not self.cal.padded and hidden_host is None and device > 0:
             scale = self.drafting_scale.setdefault(b, _Ema())
             scale.add(min(max(seconds / device, self.DRAFTING_SCALE_MIN), 1.0), self.rate)
@@ -830,9 +831,9 @@ class CostModel:
             residual = min(hidden_host, self.STALL * expect) if expect > 0 else hidden_host
         else:
             residual = max(0.0, seconds - device)
-        if k_verify == 0 < k_draft:
+        if leaving_zero:
             pass   # leaving k = 0: the draft's catch-up (priced apart) is no host work of a k
-        elif k_verify or k_draft:
+        elif drafting:
             self.drafting_overhead.setdefault(b, _RecentMedian()).add(residual)
             self.drafting_observed += 1
         else:
