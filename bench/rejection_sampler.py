@@ -275,6 +275,14 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
             ("narrow+prefetch", replace(TS.NARROW, prefetch=True), 2)]
     out += [("fused", replace(d, fused_race=True), 1),
             ("fused+prefetch", TS.WIDE_FUSED, 1)]
+    # around the engine's choice from 256 rows (WIDE_FUSED): the race phase's shape
+    wf = TS.WIDE_FUSED
+    out += [("wf+whole_steps", replace(wf, race_whole_steps=True), 2),
+            ("wf+recover_unroll=2", replace(wf, recover_unroll=2), 2),
+            ("wf+ru2+whole_steps", replace(wf, recover_unroll=2, race_whole_steps=True), 2),
+            ("wf+race_waves=4", replace(wf, race_waves=4), 2),
+            ("wf+race_waves=16", replace(wf, race_waves=16), 2),
+            ("wf+row_waves=4", replace(wf, row_waves=4), 2)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]

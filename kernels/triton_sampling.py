@@ -75,6 +75,10 @@ class Tuning:
       tokens).
       Needs ``parallel_accept``; calls on one device must not overlap (the engine samples on
       one stream): they share the per-request counts.
+    * ``race_whole_steps``: the final race's chunks are cut to a whole number of
+      ``recover_unroll``-tile steps (rounded down, so a row gets a few more chunks), so no step
+      of a race program's residual pass is partly masked. The per-tile sums are stored by tile
+      index and summed within a tile the same way, so the tokens do not depend on the cut.
 
     ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
@@ -92,6 +96,7 @@ class Tuning:
     pdl: bool = False
     prefetch: bool = False
     fused_race: bool = False
+    race_whole_steps: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -198,12 +203,14 @@ def race_plan(vocab: int, reqs: int, device: torch.device, block: Optional[int] 
               chunk: Optional[int] = None, tuning: Tuning = DEFAULT) -> Plan:
     """The final race's tiling (one raced row per request): about ``tuning.race_waves``
     programs per SM."""
+    step = tuning.recover_unroll if tuning.race_whole_steps else 1
     return _plan(vocab, reqs, device, block, chunk, tuning.block, tuning.race_waves,
-                 tuning.race_warps, 1)
+                 tuning.race_warps, 1, step)
 
 
 def _plan(vocab: int, rows: int, device: torch.device, block: Optional[int],
-          chunk: Optional[int], tuned_block: int, waves: int, warps: int, unroll: int) -> Plan:
+          chunk: Optional[int], tuned_block: int, waves: int, warps: int, unroll: int,
+          step: int = 1) -> Plan:
     if block is None:
         block = tuned_block if device.type == "cuda" else min(1024, triton.next_power_of_2(vocab))
     if chunk is None:
@@ -213,7 +220,10 @@ def _plan(vocab: int, rows: int, device: torch.device, block: Optional[int],
             want = max(1, min(triton.cdiv(waves * _sm_count(index), max(rows, 1)), tiles_row))
         else:
             want = 1
-        chunk = triton.cdiv(tiles_row, want) * block
+        tiles = triton.cdiv(tiles_row, want)
+        if tiles > step:
+            tiles -= tiles % step      # whole loop steps (race_whole_steps)
+        chunk = tiles * block
     chunk = max(block, triton.cdiv(chunk, block) * block)
     return Plan(block, chunk, triton.cdiv(vocab, chunk), warps * max(1, block // 1024),
                 min(unroll, triton.next_power_of_2(chunk // block)))

@@ -180,9 +180,13 @@ else:
                                         TS.Tuning(prefetch=True),
                                         TS.Tuning(unroll=2, split=False, prefetch=True),
                                         TS.Tuning(fused_race=True),
-                                        TS.Tuning(fused_race=True, unroll=2, split=False, prefetch=True)],
+                                        TS.Tuning(fused_race=True, unroll=2, split=False, prefetch=True),
+                                        TS.Tuning(race_whole_steps=True, recover_unroll=2),
+                                        TS.Tuning(fused_race=True, race_whole_steps=True,
+                                                  recover_unroll=2, prefetch=True)],
                              ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept", "prefetch",
-                                  "prefetch-unroll2-unsplit", "fused-race", "fused-race-prefetch-unsplit"])
+                                  "prefetch-unroll2-unsplit", "fused-race", "fused-race-prefetch-unsplit",
+                                  "race-whole-steps", "fused-race-whole-steps"])
     def test_every_tuning_matches_reference(tuning) -> None:
         """The launch knobs (loads per step, split greedy/sampled loops, parallel or serial
         accept tests, loads issued a step ahead) change how the work is spread, never a token: drafts and both
