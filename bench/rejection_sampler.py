@@ -282,7 +282,9 @@ def sweep_candidates() -> list[tuple[str, object, int]]:
             ("wf+ru2+whole_steps", replace(wf, recover_unroll=2, race_whole_steps=True), 2),
             ("wf+race_waves=4", replace(wf, race_waves=4), 2),
             ("wf+race_waves=16", replace(wf, race_waves=16), 2),
-            ("wf+row_waves=4", replace(wf, row_waves=4), 2)]
+            ("wf+row_waves=4", replace(wf, row_waves=4), 2),
+            ("wf+early_loads", replace(wf, race_early_loads=True), 2),
+            ("wf+early+whole_steps", replace(wf, race_early_loads=True, race_whole_steps=True), 2)]
     out += [(f"unroll={u}", replace(d, unroll=u), 1) for u in (1, 2, 8)]
     out += [(f"row_waves={w}", replace(d, row_waves=w), 1) for w in (2, 4, 16)]
     out += [(f"race_waves={w}", replace(d, race_waves=w), 1) for w in (2, 4, 16)]
@@ -353,7 +355,12 @@ def sweep(args: argparse.Namespace) -> dict:
                 x["want"] = out
                 inputs[(b, k)] = x
             x = inputs[(b, k)]
-            ms = _sweep_time(args, x, tuning)
+            try:
+                ms = _sweep_time(args, x, tuning)
+            except Exception as exc:     # a candidate that does not build: the others go on
+                print(f"B={b:>4} k={k} {label:<18} failed: {type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
+                continue
             got = TS.rejection_sample(x["target"], x["cu"], x["drafts"], x["q"], *x["params"],
                                       x["seeds"], x["positions"], args.method, tuning=tuning)
             pl = TS.plan(args.vocab, b * (k + 1), dev, tuning=tuning)

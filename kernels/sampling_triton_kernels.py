@@ -549,11 +549,11 @@ def _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_pt
 @triton.jit
 def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr, q_ptr, V,
                 part_m, part_s, row_thr, HAS_Q: tl.constexpr, CP: tl.constexpr,
-                KP: tl.constexpr, CG: tl.constexpr = False):
+                KP: tl.constexpr, CG: tl.constexpr = False, xjv=0, EARLY: tl.constexpr = False):
     """The same tests as _accept_count, all k_b at once (lanes j < KP, KP > k_b): no chain of
     dependent loads per draft. Returns (n accepted, and the max, sum and threshold of row n,
     the raced row). CG: the partials are loaded past L1 (_ld; they were written in the same
-    launch)."""
+    launch). EARLY: the draft tokens ``xjv`` were loaded by the caller (_race_inputs)."""
     j = tl.arange(0, KP)
     has_row = j <= k_b
     live = j < k_b
@@ -566,7 +566,10 @@ def _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
     mxs = tl.where(mx == NEG_INF, 0.0, mx)                               # rows past k_b
     S = tl.sum(tl.where(m == NEG_INF, 0.0, s * _exp(m - mxs[:, None])), 1)
     thr = _ld(row_thr + rows, has_row, 0.0, CG)
-    xj = tl.load(drafts_ptr + c0 + j, mask=live, other=0)
+    if EARLY:
+        xj = xjv
+    else:
+        xj = tl.load(drafts_ptr + c0 + j, mask=live, other=0)
     z = tl.load(logits_ptr + rows.to(tl.int64) * stride + xj, mask=live, other=0.0).to(tl.float32)
     if T != 1.0:
         z = tl.math.div_rn(z, T)
@@ -669,26 +672,56 @@ def final_race_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
 
 
 @triton.jit
+def _race_inputs(b, cu_ptr, temp_ptr, seed_ptr, pos_ptr, drafts_ptr, KP: tl.constexpr):
+    """What race program b reads that no program of its launch writes: (temperature, first
+    draft index, drafts, seed, first position, the draft tokens [KP]); loaded before a fused
+    race program's wait (Tuning.race_early_loads), so they are not on its path after it."""
+    T = tl.load(temp_ptr + b)
+    c0 = tl.load(cu_ptr + b)
+    k_b = tl.load(cu_ptr + b + 1) - c0
+    seed = tl.load(seed_ptr + b)
+    pos0 = tl.load(pos_ptr + b)
+    j = tl.arange(0, KP)
+    xjv = tl.load(drafts_ptr + c0 + j, mask=j < k_b, other=0)
+    return T, c0, k_b, seed, pos0, xjv
+
+
+@triton.jit
 def _race_program(b, c, nb, logits_ptr, stride, V: tl.constexpr, chunk, C, CR, cu_ptr,
                   drafts_ptr, q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr,
                   rec_v, rec_i, n_acc_ptr, row_stat, tile_sums,
                   HAS_Q: tl.constexpr, CP: tl.constexpr, TP: tl.constexpr,
                   BLOCK: tl.constexpr, TILES: tl.constexpr, KP: tl.constexpr,
-                  PARALLEL: tl.constexpr, UNROLL: tl.constexpr, CG: tl.constexpr):
+                  PARALLEL: tl.constexpr, UNROLL: tl.constexpr, CG: tl.constexpr,
+                  EARLY: tl.constexpr = False, inputs=None):
     """Final race program (b, c) of ``nb`` requests (final_race_kernel's docstring); CG: the
     partials are loaded past L1 (_ld; only the parallel tests are fused, so the serial ones
-    take no CG)."""
-    T = tl.load(temp_ptr + b)
+    take no CG). EARLY (parallel tests only): ``inputs`` is what _race_inputs loaded for b."""
+    if EARLY:
+        T = inputs[0]
+    else:
+        T = tl.load(temp_ptr + b)
     if T != 0.0:
-        c0 = tl.load(cu_ptr + b)
-        k_b = tl.load(cu_ptr + b + 1) - c0
+        if EARLY:
+            c0 = inputs[1]
+            k_b = inputs[2]
+            seed = inputs[3]
+            pos0 = inputs[4]
+        else:
+            c0 = tl.load(cu_ptr + b)
+            k_b = tl.load(cu_ptr + b + 1) - c0
+            seed = tl.load(seed_ptr + b)
+            pos0 = tl.load(pos_ptr + b)
         row0 = c0 + b
-        seed = tl.load(seed_ptr + b)
-        pos0 = tl.load(pos_ptr + b)
         if PARALLEL:
-            n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
-                                        drafts_ptr, q_ptr, V, part_m, part_s, row_thr, HAS_Q,
-                                        CP, KP, CG)
+            if EARLY:
+                n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
+                                            drafts_ptr, q_ptr, V, part_m, part_s, row_thr,
+                                            HAS_Q, CP, KP, CG, inputs[5], True)
+            else:
+                n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
+                                            drafts_ptr, q_ptr, V, part_m, part_s, row_thr,
+                                            HAS_Q, CP, KP, CG)
         else:
             n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
                               q_ptr, V, part_m, part_s, row_thr, HAS_Q, CP)
@@ -703,7 +736,11 @@ def _race_program(b, c, nb, logits_ptr, stride, V: tl.constexpr, chunk, C, CR, c
         lo = c * chunk
         hi = tl.minimum(lo + chunk, V)
         if k_b > 0:   # a rejected draft's residual, or the bonus row's weights (xj = -1)
-            xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)
+            if EARLY and PARALLEL:   # the rejected draft, from the tokens loaded early
+                jj = tl.arange(0, KP)
+                xj = tl.where(n < k_b, tl.sum(tl.where(jj == n, inputs[5], 0), 0), -1).to(tl.int32)
+            else:
+                xj = tl.load(drafts_ptr + c0 + n, mask=n < k_b, other=-1).to(tl.int32)
             q_row = q_ptr + (c0 + n).to(tl.int64) * V
             sums_r = tile_sums + b * TP
             sums_w = tile_sums + (nb + b) * TP
@@ -733,7 +770,8 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
                        SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HAS_Q: tl.constexpr,
                        CP: tl.constexpr, TP: tl.constexpr, RBLOCK: tl.constexpr,
                        RTILES: tl.constexpr, KP: tl.constexpr, RUNROLL: tl.constexpr,
-                       CRP: tl.constexpr, WP: tl.constexpr, PDL: tl.constexpr = False):
+                       CRP: tl.constexpr, WP: tl.constexpr, PDL: tl.constexpr = False,
+                       EARLY: tl.constexpr = False):
     """A probabilistic verification in one launch (grid [NROW + B CR], 1-D): the row pass,
     the final race and finalize. Programs with a ticket (below) under NROW are row pass
     programs (row, chunk), chunk fastest, so a request's rows finish together and early
@@ -773,7 +811,12 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
         r = pid - NROW
         b = r // CR
         c = r - b * CR
-        need = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b) + 1) * C
+        if EARLY:   # inputs no program of this launch writes: loaded before the wait
+            inputs = _race_inputs(b, cu_ptr, temp_ptr, seed_ptr, pos_ptr, drafts_ptr, KP)
+            need = (inputs[2] + 1) * C
+        else:
+            inputs = None
+            need = (tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b) + 1) * C
         seen = tl.atomic_add(counts + b, 0, sem="acquire", scope="gpu")
         while seen < need:
             seen = tl.atomic_add(counts + b, 0, sem="acquire", scope="gpu")
@@ -781,7 +824,7 @@ def verify_pass_kernel(logits_ptr, stride, V: tl.constexpr, chunk, C, cu_ptr, B,
         _race_program(b, c, B, logits_ptr, stride, V, race_chunk, C, CR, cu_ptr, drafts_ptr,
                       q_ptr, temp_ptr, seed_ptr, pos_ptr, part_m, part_s, row_thr, rec_v, rec_i,
                       n_acc_ptr, row_stat, tile_sums, HAS_Q, CP, TP, RBLOCK, RTILES, KP, True,
-                      RUNROLL, True)
+                      RUNROLL, True, EARLY, inputs)
         tl.debug_barrier()                 # every thread's stores happen before the arrival
         passed = tl.atomic_add(counts + CAP + b, 1, sem="acq_rel", scope="gpu")
         if passed == CR - 1:               # every race program of b is done

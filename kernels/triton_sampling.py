@@ -79,6 +79,10 @@ class Tuning:
       ``recover_unroll``-tile steps (rounded down, so a row gets a few more chunks), so no step
       of a race program's residual pass is partly masked. The per-tile sums are stored by tile
       index and summed within a tile the same way, so the tokens do not depend on the cut.
+    * ``race_early_loads`` (with ``fused_race``): a race program loads what no program of its
+      launch writes (its request's temperature, seed, position, draft span and draft tokens)
+      before it waits for the request's rows, not after: fewer dependent loads between the
+      wait and its first bulk load. The same values, so the same tokens.
 
     ``Tuning()`` has every field's default, PDL off; :data:`DEFAULT` turns it on.
     """
@@ -97,6 +101,7 @@ class Tuning:
     prefetch: bool = False
     fused_race: bool = False
     race_whole_steps: bool = False
+    race_early_loads: bool = False
 
     def __post_init__(self):
         for name in ("block", "unroll", "recover_unroll"):
@@ -334,6 +339,7 @@ def _verify_pass(logits: torch.Tensor, pl: Plan, pr: Plan, cu: torch.Tensor,
         PREFETCH=tuning.prefetch, HAS_Q=has_q, CP=cp, TP=tp, RBLOCK=pr.block, RTILES=pr.tiles,
         KP=triton.next_power_of_2(width), RUNROLL=min(tuning.recover_unroll, pr.tiles),
         CRP=_chunks_pad(vocab, pr), WP=triton.next_power_of_2(width), PDL=pdl,
+        EARLY=tuning.race_early_loads,
         num_warps=FINALIZE_WARPS, **triton_pdl.launch_options(pdl))
 
 

@@ -183,10 +183,12 @@ else:
                                         TS.Tuning(fused_race=True, unroll=2, split=False, prefetch=True),
                                         TS.Tuning(race_whole_steps=True, recover_unroll=2),
                                         TS.Tuning(fused_race=True, race_whole_steps=True,
-                                                  recover_unroll=2, prefetch=True)],
+                                                  recover_unroll=2, prefetch=True),
+                                        TS.Tuning(fused_race=True, race_early_loads=True)],
                              ids=["legacy", "unroll2-unsplit", "unroll1-serial-accept", "prefetch",
                                   "prefetch-unroll2-unsplit", "fused-race", "fused-race-prefetch-unsplit",
-                                  "race-whole-steps", "fused-race-whole-steps"])
+                                  "race-whole-steps", "fused-race-whole-steps",
+                                  "fused-race-early-loads"])
     def test_every_tuning_matches_reference(tuning) -> None:
         """The launch knobs (loads per step, split greedy/sampled loops, parallel or serial
         accept tests, loads issued a step ahead) change how the work is spread, never a token: drafts and both
@@ -196,6 +198,12 @@ else:
             got = TS.rejection_sample(*case.args(method), block=BLOCK, tuning=tuning)
             want = R.rejection_sample(*case.args(method))
             assert torch.equal(got, want), f"{method}\n{got}\n{want}"
+        # greedy drafts (no q): a rejected draft's token itself is taken out of the residual
+        one_hot = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0,
+                                   one_hot=True)
+        got = TS.rejection_sample(*one_hot.args("probabilistic"), block=BLOCK, tuning=tuning)
+        want = R.rejection_sample(*one_hot.args("probabilistic"))
+        assert torch.equal(got, want), f"one-hot\n{got}\n{want}"
         gen = torch.Generator().manual_seed(18)
         z = torch.randn(len(MIX), 300, generator=gen) * 2
         args = (*param_tensors(MIX), torch.arange(len(MIX)) * 5 + 1, torch.arange(len(MIX)))
