@@ -358,7 +358,7 @@ def sweep(args: argparse.Namespace) -> dict:
             try:
                 ms = _sweep_time(args, x, tuning)
             except Exception as exc:     # a candidate that does not build: the others go on
-                print(f"B={b:>4} k={k} {label:<18} failed: {type(exc).__name__}: "
+                print(f"B={b:>4} k={k} {label:<22} failed: {type(exc).__name__}: "
                       f"{str(exc).splitlines()[0] if str(exc) else ''}", flush=True)
                 continue
             got = TS.rejection_sample(x["target"], x["cu"], x["drafts"], x["q"], *x["params"],
@@ -379,7 +379,7 @@ def sweep(args: argparse.Namespace) -> dict:
                              same_tokens=bool(torch.equal(got, x["want"])), kernels_us=kernels))
             split = "" if kernels is None else "  " + ", ".join(
                 f"{name.replace('_kernel', '')} {us:.1f}" for name, us in kernels.items())
-            print(f"B={b:>4} k={k} {label:<18} {ms * 1e3:9.1f} us  "
+            print(f"B={b:>4} k={k} {label:<22} {ms * 1e3:9.1f} us  "
                   f"{100 * rows[-1]['frac_copy_bw']:5.1f}% of copy  chunks {pl.num_chunks}/"
                   f"{pr.num_chunks}  same tokens {rows[-1]['same_tokens']}{split}", flush=True)
     drafts = []

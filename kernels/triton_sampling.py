@@ -75,10 +75,13 @@ class Tuning:
       tokens).
       Needs ``parallel_accept``; calls on one device must not overlap (the engine samples on
       one stream): they share the per-request counts.
-    * ``race_whole_steps``: the final race's chunks are cut to a whole number of
-      ``recover_unroll``-tile steps (rounded down, so a row gets a few more chunks), so no step
-      of a race program's residual pass is partly masked. The per-tile sums are stored by tile
-      index and summed within a tile the same way, so the tokens do not depend on the cut.
+    * ``race_whole_steps``: a final race chunk longer than one ``recover_unroll``-tile step is
+      cut to a whole number of steps (rounded down, so a row gets more chunks: 17 -> 19 at
+      B = 64 on 132 SMs, up to 22 -> 38 at B = 44-50), so its residual pass masks no lanes of
+      a step; a row's last chunk and chunks of one step or less can still end mid-step. The
+      per-tile sums are stored by tile index and summed within a tile the same way, and the
+      plain race keeps the lowest index of the maximum whatever the cut, so the tokens do not
+      depend on it. A ``chunk`` passed explicitly is kept as given.
     * ``race_early_loads`` (with ``fused_race``): a race program loads what no program of its
       launch writes (its request's temperature, seed, position, draft span and draft tokens)
       before it waits for the request's rows, not after: fewer dependent loads between the

@@ -198,12 +198,21 @@ else:
             got = TS.rejection_sample(*case.args(method), block=BLOCK, tuning=tuning)
             want = R.rejection_sample(*case.args(method))
             assert torch.equal(got, want), f"{method}\n{got}\n{want}"
-        # greedy drafts (no q): a rejected draft's token itself is taken out of the residual
+        # one-hot drafts (no q): the rejected draft's token itself is taken out of the residual
         one_hot = make_verify_case(KS, PARAMS, vocab=300, seed=12, noise=0.3, scale=4.0,
                                    one_hot=True)
         got = TS.rejection_sample(*one_hot.args("probabilistic"), block=BLOCK, tuning=tuning)
         want = R.rejection_sample(*one_hot.args("probabilistic"))
         assert torch.equal(got, want), f"one-hot\n{got}\n{want}"
+        # plain rows whose winners lie past the first race chunk (block 64: race_whole_steps
+        # cuts V = 300 into [0, 256) and [256, 300)), so the chunks' combine decides them
+        late = make_verify_case(KS, PARAMS, vocab=300, seed=21, noise=0.3, scale=4.0)
+        late.target_logits[:, 256:] += 4.0
+        got = TS.rejection_sample(*late.args("probabilistic"), block=BLOCK, tuning=tuning)
+        want = R.rejection_sample(*late.args("probabilistic"))
+        assert torch.equal(got, want), f"late winners\n{got}\n{want}"
+        plain = [b for b, k in enumerate(KS) if k == 0]
+        assert plain and bool((want[plain, 0] >= 256).all()), "the test must bite"
         gen = torch.Generator().manual_seed(18)
         z = torch.randn(len(MIX), 300, generator=gen) * 2
         args = (*param_tensors(MIX), torch.arange(len(MIX)) * 5 + 1, torch.arange(len(MIX)))
