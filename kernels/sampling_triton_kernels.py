@@ -705,23 +705,23 @@ def _race_program(b, c, nb, logits_ptr, stride, V: tl.constexpr, chunk, C, CR, c
         if EARLY:
             c0 = inputs[1]
             k_b = inputs[2]
+            row0 = c0 + b
             seed = inputs[3]
             pos0 = inputs[4]
-        else:
+        else:   # (this order keeps the instructions of the kernels without EARLY as they were)
             c0 = tl.load(cu_ptr + b)
             k_b = tl.load(cu_ptr + b + 1) - c0
+            row0 = c0 + b
             seed = tl.load(seed_ptr + b)
             pos0 = tl.load(pos_ptr + b)
-        row0 = c0 + b
         if PARALLEL:
             if EARLY:
-                n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
-                                            drafts_ptr, q_ptr, V, part_m, part_s, row_thr,
-                                            HAS_Q, CP, KP, CG, inputs[5], True)
+                xjv = inputs[5]
             else:
-                n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
-                                            drafts_ptr, q_ptr, V, part_m, part_s, row_thr,
-                                            HAS_Q, CP, KP, CG)
+                xjv = 0   # (not read: _accept_all loads the drafts itself)
+            n, mx, S, thr = _accept_all(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0,
+                                        drafts_ptr, q_ptr, V, part_m, part_s, row_thr, HAS_Q,
+                                        CP, KP, CG, xjv, EARLY)
         else:
             n = _accept_count(logits_ptr, stride, C, c0, row0, k_b, T, seed, pos0, drafts_ptr,
                               q_ptr, V, part_m, part_s, row_thr, HAS_Q, CP)
